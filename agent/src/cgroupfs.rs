@@ -1,0 +1,274 @@
+//! Reading cgroupfs and procfs files: the fallback collector's source, the ground truth
+//! the tests compare against, and the few node-wide figures the kernel keeps outside
+//! any cgroup's reach from eBPF.
+
+use std::{
+    io::ErrorKind,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use crate::sample::{Bytes, CpuNanos, Memory};
+
+/// Errors reading cgroupfs/procfs.
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file did not have the expected content.
+    #[error("{path}: {reason}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+impl FsError {
+    /// True when the file vanished (the cgroup was removed during the scan).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, FsError::Read { source, .. } if source.kind() == ErrorKind::NotFound
+            || source.raw_os_error() == Some(libc::ENODEV))
+    }
+}
+
+/// Reads a whole (small) file.
+pub fn read(path: &Path) -> Result<String, FsError> {
+    std::fs::read_to_string(path).map_err(|source| FsError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Value of `key` in a flat-keyed file (`key value` per line), e.g. `cpu.stat`, `memory.stat`.
+pub fn flat_key(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+fn need_key(path: &Path, text: &str, key: &str) -> Result<u64, FsError> {
+    flat_key(text, key).ok_or_else(|| FsError::Parse {
+        path: path.to_path_buf(),
+        reason: format!("no `{key}`"),
+    })
+}
+
+fn single_u64(path: &Path) -> Result<u64, FsError> {
+    let text = read(path)?;
+    text.trim().parse().map_err(|_| FsError::Parse {
+        path: path.to_path_buf(),
+        reason: format!("not a number: {:?}", text.trim()),
+    })
+}
+
+/// v2 `cpu.stat` `usage_usec`, as nanoseconds. Reading it also makes the kernel flush
+/// the cgroup subtree's pending CPU statistics (rstat), which the eBPF collector relies on.
+pub fn cpu_stat_usage(dir: &Path) -> Result<CpuNanos, FsError> {
+    let path = dir.join("cpu.stat");
+    let text = read(&path)?;
+    Ok(CpuNanos(need_key(&path, &text, "usage_usec")?.saturating_mul(1000)))
+}
+
+/// v1 `cpuacct.usage`, nanoseconds.
+pub fn cpuacct_usage(dir: &Path) -> Result<CpuNanos, FsError> {
+    single_u64(&dir.join("cpuacct.usage")).map(CpuNanos)
+}
+
+/// Memory of a v2 cgroup: `memory.current` and `memory.stat` (`inactive_file`, `anon`).
+/// `Ok(None)` when the memory controller is not enabled for it.
+pub fn memory_v2(dir: &Path) -> Result<Option<Memory>, FsError> {
+    let current = dir.join("memory.current");
+    if !current.exists() {
+        return Ok(None);
+    }
+    let usage = single_u64(&current)?;
+    let stat_path = dir.join("memory.stat");
+    let stat = read(&stat_path)?;
+    let inactive = need_key(&stat_path, &stat, "inactive_file")?;
+    let anon = need_key(&stat_path, &stat, "anon")?;
+    Ok(Some(Memory::from_raw(Bytes(usage), Bytes(inactive), Bytes(anon))))
+}
+
+/// Memory of a v1 memcg: `memory.usage_in_bytes` and `memory.stat`
+/// (`total_inactive_file`, `total_rss`), as cAdvisor reads them.
+pub fn memory_v1(dir: &Path) -> Result<Memory, FsError> {
+    let usage = single_u64(&dir.join("memory.usage_in_bytes"))?;
+    let stat_path = dir.join("memory.stat");
+    let stat = read(&stat_path)?;
+    let inactive = need_key(&stat_path, &stat, "total_inactive_file")?;
+    let rss = need_key(&stat_path, &stat, "total_rss")?;
+    Ok(Memory::from_raw(Bytes(usage), Bytes(inactive), Bytes(rss)))
+}
+
+/// `MemTotal - MemFree` from `/proc/meminfo`, bytes: kubelet's node memory usage.
+pub fn meminfo_used() -> Result<Bytes, FsError> {
+    let path = Path::new("/proc/meminfo");
+    let text = read(path)?;
+    let kib = |key: &str| {
+        text.lines()
+            .find_map(|l| {
+                let rest = l.strip_prefix(key)?.strip_prefix(':')?;
+                rest.split_whitespace().next()?.parse::<u64>().ok()
+            })
+            .ok_or_else(|| FsError::Parse {
+                path: path.to_path_buf(),
+                reason: format!("no {key}"),
+            })
+    };
+    Ok(Bytes(
+        kib("MemTotal")?.saturating_sub(kib("MemFree")?) * 1024,
+    ))
+}
+
+/// `Inactive(file)` from `/proc/meminfo`, bytes.
+pub fn meminfo_inactive_file() -> Result<Bytes, FsError> {
+    let path = Path::new("/proc/meminfo");
+    let text = read(path)?;
+    text.lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix("Inactive(file):")?;
+            rest.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .map(|k| Bytes(k * 1024))
+        .ok_or_else(|| FsError::Parse {
+            path: path.to_path_buf(),
+            reason: "no Inactive(file)".into(),
+        })
+}
+
+/// One directory of a cgroup tree.
+#[derive(Clone, Debug)]
+pub struct Dir {
+    /// Path relative to the mount, starting with `/`.
+    pub rel: String,
+    /// Absolute path.
+    pub abs: PathBuf,
+    /// Inode number = cgroup id.
+    pub ino: u64,
+}
+
+/// Walks the cgroup tree below `mount`+`root` (inclusive), parents first. Directories
+/// that vanish during the walk are skipped. Bounded by `max` entries.
+pub fn walk(mount: &Path, root: &str, max: usize) -> Result<Vec<Dir>, FsError> {
+    let abs_root = join_rel(mount, root);
+    let meta = std::fs::metadata(&abs_root).map_err(|source| FsError::Read {
+        path: abs_root.clone(),
+        source,
+    })?;
+    let mut out = vec![Dir {
+        rel: normalise_rel(root),
+        abs: abs_root,
+        ino: meta.ino(),
+    }];
+    let mut i = 0;
+    while i < out.len() && out.len() < max {
+        let (abs, rel) = (out[i].abs.clone(), out[i].rel.clone());
+        i += 1;
+        let entries = match std::fs::read_dir(&abs) {
+            Ok(e) => e,
+            Err(e) if e.kind() == ErrorKind::NotFound => continue,
+            Err(source) => return Err(FsError::Read { path: abs, source }),
+        };
+        let mut children = Vec::new();
+        for e in entries.flatten() {
+            let Ok(ft) = e.file_type() else { continue };
+            if !ft.is_dir() {
+                continue;
+            }
+            let Ok(md) = e.metadata() else { continue };
+            let name = e.file_name().to_string_lossy().into_owned();
+            let child_rel = if rel == "/" {
+                format!("/{name}")
+            } else {
+                format!("{rel}/{name}")
+            };
+            children.push(Dir {
+                rel: child_rel,
+                abs: e.path(),
+                ino: md.ino(),
+            });
+        }
+        children.sort_by(|a, b| a.rel.cmp(&b.rel));
+        out.extend(children);
+    }
+    // Breadth-first above; re-sort into a parents-first order that is stable by path.
+    out.truncate(max);
+    Ok(out)
+}
+
+/// `/a/b` style relative path: leading slash, no trailing slash, `/` for the root.
+pub fn normalise_rel(root: &str) -> String {
+    let parts: Vec<&str> = root.split('/').filter(|p| !p.is_empty()).collect();
+    format!("/{}", parts.join("/"))
+}
+
+/// `mount` joined with a relative cgroup path.
+pub fn join_rel(mount: &Path, rel: &str) -> PathBuf {
+    let rel = normalise_rel(rel);
+    let trimmed = rel.trim_start_matches('/');
+    if trimmed.is_empty() {
+        mount.to_path_buf()
+    } else {
+        mount.join(trimmed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flat_keys() {
+        let text = "usage_usec 1234\nuser_usec 1000\nsystem_usec 234\n";
+        assert_eq!(flat_key(text, "usage_usec"), Some(1234));
+        assert_eq!(flat_key(text, "user_usec"), Some(1000));
+        assert_eq!(flat_key(text, "usage"), None);
+        assert_eq!(flat_key("usage_usec x\n", "usage_usec"), None);
+    }
+
+    #[test]
+    fn relative_paths() {
+        assert_eq!(normalise_rel(""), "/");
+        assert_eq!(normalise_rel("/"), "/");
+        assert_eq!(normalise_rel("a//b/"), "/a/b");
+        assert_eq!(join_rel(Path::new("/sys/fs/cgroup"), "/"), PathBuf::from("/sys/fs/cgroup"));
+        assert_eq!(
+            join_rel(Path::new("/sys/fs/cgroup"), "/kubepods.slice/"),
+            PathBuf::from("/sys/fs/cgroup/kubepods.slice")
+        );
+    }
+
+    #[test]
+    fn working_set_floors_at_zero() {
+        let m = Memory::from_raw(Bytes(10), Bytes(20), Bytes(1));
+        assert_eq!(m.working_set, Bytes(0));
+        let m = Memory::from_raw(Bytes(30), Bytes(20), Bytes(1));
+        assert_eq!(m.working_set, Bytes(10));
+    }
+
+    #[test]
+    fn walk_of_a_plain_tree_is_parents_first() {
+        let dir = std::env::temp_dir().join(format!("kpulse-walk-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("a/b")).expect("mkdir");
+        std::fs::create_dir_all(dir.join("c")).expect("mkdir");
+        std::fs::write(dir.join("a/file"), "x").expect("write");
+        let w = walk(&dir, "/", 100).expect("walk");
+        let rels: Vec<&str> = w.iter().map(|d| d.rel.as_str()).collect();
+        assert_eq!(rels, ["/", "/a", "/c", "/a/b"]);
+        let w = walk(&dir, "/", 2).expect("walk");
+        assert_eq!(w.len(), 2);
+        assert!(walk(&dir, "/missing", 10).is_err());
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+}

@@ -1,0 +1,422 @@
+//! One collection cycle: kernel counters → [`Snapshot`]. Two collectors behind one
+//! trait: [`EbpfCollector`] (the `iter/cgroup` program) and [`CgroupfsCollector`]
+//! (reading files), chosen by [`select`].
+
+use std::{collections::HashMap, os::unix::fs::MetadataExt, path::Path};
+
+use kpulse_common::{CgroupRecord, FLAG_MEMCG, FLAG_NAME_TRUNCATED, FLAG_READ_ERROR};
+
+use crate::{
+    cgroupfs::{self, FsError},
+    layout::Layout,
+    probe::{CgroupIter, IterLink, ProbeError},
+    sample::{self, Bytes, CgroupId, CgroupSample, CpuNanos, Memory, NodeSample, Snapshot, Source},
+};
+
+/// Errors of one cycle.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    /// eBPF side.
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+    /// File side.
+    #[error(transparent)]
+    Fs(#[from] FsError),
+}
+
+/// What to collect.
+#[derive(Clone, Debug)]
+pub struct Scope {
+    /// The node's cgroup layout.
+    pub layout: Layout,
+    /// Subtree to report, relative to each hierarchy's mount (`/` = everything).
+    pub root: String,
+    /// Upper bound on cgroups per cycle; more are dropped and counted.
+    pub max_cgroups: usize,
+}
+
+/// A source of snapshots.
+pub trait Collector: Send {
+    /// Which collector this is.
+    fn source(&self) -> Source;
+    /// Reads every cgroup under the scope's root, and the node totals.
+    fn collect(&mut self) -> Result<Snapshot, CollectError>;
+}
+
+/// `--collector`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// eBPF, or cgroupfs with a warning when eBPF cannot load.
+    Auto,
+    /// eBPF only: fail if it cannot load.
+    Ebpf,
+    /// cgroupfs only.
+    Cgroupfs,
+}
+
+/// Builds the collector `mode` asks for. In `auto` mode an eBPF failure is returned as
+/// the second value (the reason), for the caller to log once.
+pub fn select(
+    mode: Mode,
+    scope: Scope,
+    object: Option<&Path>,
+) -> Result<(Box<dyn Collector>, Option<ProbeError>), CollectError> {
+    match mode {
+        Mode::Cgroupfs => Ok((Box::new(CgroupfsCollector::new(scope)), None)),
+        Mode::Ebpf => Ok((Box::new(EbpfCollector::new(scope, object)?), None)),
+        Mode::Auto => match EbpfCollector::new(scope.clone(), object) {
+            Ok(c) => Ok((Box::new(c), None)),
+            Err(CollectError::Probe(reason)) => {
+                Ok((Box::new(CgroupfsCollector::new(scope)), Some(reason)))
+            }
+            Err(e) => Err(e),
+        },
+    }
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    #[allow(unsafe_code)]
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(v).unwrap_or(4096)
+}
+
+/// Node totals shared by both collectors: CPU from the root cgroup's `cpu.stat` (the
+/// kernel computes it from per-CPU `kcpustat`, which no cgroup walk sees), memory as
+/// `MemTotal - MemFree - inactive_file(root)`.
+fn node_totals(layout: &Layout, root_inactive: Option<Bytes>) -> Result<NodeSample, FsError> {
+    let cpu = cgroupfs::cpu_stat_usage(layout.cpu_mount())?;
+    let used = cgroupfs::meminfo_used()?;
+    let inactive = match root_inactive {
+        Some(b) => b,
+        None => root_inactive_file(layout)?,
+    };
+    Ok(NodeSample {
+        cpu,
+        memory_working_set: Bytes(used.0.saturating_sub(inactive.0)),
+    })
+}
+
+fn root_inactive_file(layout: &Layout) -> Result<Bytes, FsError> {
+    let (path, key) = match layout {
+        Layout::Unified { mount } => (mount.join("memory.stat"), "inactive_file"),
+        Layout::Hybrid { memory, .. } => (memory.join("memory.stat"), "total_inactive_file"),
+    };
+    match cgroupfs::read(&path) {
+        Ok(text) => cgroupfs::flat_key(&text, key)
+            .map(Bytes)
+            .ok_or_else(|| FsError::Parse {
+                path,
+                reason: format!("no `{key}`"),
+            }),
+        Err(e) if e.is_not_found() => cgroupfs::meminfo_inactive_file(),
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads cgroupfs files, one directory at a time.
+#[derive(Debug)]
+pub struct CgroupfsCollector {
+    scope: Scope,
+}
+
+impl CgroupfsCollector {
+    /// A collector over `scope`.
+    pub fn new(scope: Scope) -> Self {
+        CgroupfsCollector { scope }
+    }
+}
+
+impl Collector for CgroupfsCollector {
+    fn source(&self) -> Source {
+        Source::Cgroupfs
+    }
+
+    fn collect(&mut self) -> Result<Snapshot, CollectError> {
+        let s = &self.scope;
+        let timestamp = sample::now();
+        let mut out: Vec<CgroupSample> = Vec::new();
+        let cpu_dirs = cgroupfs::walk(s.layout.cpu_mount(), &s.root, s.max_cgroups)?;
+        for d in &cpu_dirs {
+            let cpu = match cgroupfs::cpu_stat_usage(&d.abs) {
+                Ok(c) => Some(c),
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let memory = match &s.layout {
+                Layout::Unified { .. } if d.rel != "/" => match cgroupfs::memory_v2(&d.abs) {
+                    Ok(m) => m,
+                    Err(e) if e.is_not_found() => continue,
+                    Err(e) => return Err(e.into()),
+                },
+                _ => None,
+            };
+            out.push(CgroupSample {
+                path: d.rel.clone(),
+                id: CgroupId(d.ino),
+                cpu,
+                memory,
+            });
+        }
+        if let Layout::Hybrid { memory, .. } = &s.layout {
+            let index: HashMap<String, usize> = out
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (c.path.clone(), i))
+                .collect();
+            for d in cgroupfs::walk(memory, &s.root, s.max_cgroups)? {
+                if d.rel == "/" {
+                    continue;
+                }
+                let m = match cgroupfs::memory_v1(&d.abs) {
+                    Ok(m) => m,
+                    Err(e) if e.is_not_found() => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                match index.get(&d.rel) {
+                    Some(&i) => out[i].memory = Some(m),
+                    None if out.len() < s.max_cgroups => out.push(CgroupSample {
+                        path: d.rel.clone(),
+                        id: CgroupId(d.ino),
+                        cpu: None,
+                        memory: Some(m),
+                    }),
+                    None => {}
+                }
+            }
+        }
+        let node = node_totals(&s.layout, None)?;
+        Ok(Snapshot {
+            timestamp,
+            source: Source::Cgroupfs,
+            cgroups: out,
+            node,
+        })
+    }
+}
+
+/// Runs the `cgroup_stats` iterator over the CPU hierarchy (and, on hybrid nodes, the
+/// v1 memory hierarchy) once per cycle.
+#[derive(Debug)]
+pub struct EbpfCollector {
+    scope: Scope,
+    iter: CgroupIter,
+    cpu_link: IterLink,
+    mem_link: Option<IterLink>,
+    page: u64,
+    records: Vec<CgroupRecord>,
+    /// Directories whose `cpu.stat` read flushes the subtree's CPU statistics.
+    flush_dirs: Vec<std::path::PathBuf>,
+}
+
+impl EbpfCollector {
+    /// Loads the program (from `object`, or the embedded one) and links it to the scope's
+    /// subtrees. Any error is a reason to fall back.
+    pub fn new(scope: Scope, object: Option<&Path>) -> Result<EbpfCollector, CollectError> {
+        let bytes = crate::probe::object_bytes(object)?;
+        let iter = CgroupIter::load(&bytes)?;
+        let cpu_root = cgroupfs::join_rel(scope.layout.cpu_mount(), &scope.root);
+        let cpu_link = iter.link(&cpu_root)?;
+        let mem_link = match &scope.layout {
+            Layout::Hybrid { memory, .. } => Some(iter.link(&cgroupfs::join_rel(memory, &scope.root))?),
+            Layout::Unified { .. } => None,
+        };
+        let mut c = EbpfCollector {
+            scope,
+            iter,
+            cpu_link,
+            mem_link,
+            page: page_size(),
+            records: Vec::new(),
+            flush_dirs: Vec::new(),
+        };
+        c.refresh_flush_dirs()?;
+        Ok(c)
+    }
+
+    /// The kernel layout in use (offsets), for logs.
+    pub fn kernel_layout(&self) -> &crate::kernel_layout::KernelLayout {
+        self.iter.layout()
+    }
+
+    /// The hierarchy root's `cpu.stat` reports kernel-wide figures and flushes nothing, so
+    /// when the scope is the whole hierarchy the flush goes through its children.
+    fn refresh_flush_dirs(&mut self) -> Result<(), CollectError> {
+        let root = cgroupfs::normalise_rel(&self.scope.root);
+        let mount = self.scope.layout.cpu_mount();
+        self.flush_dirs = if root == "/" {
+            let mut dirs = Vec::new();
+            let entries = std::fs::read_dir(mount).map_err(|source| FsError::Read {
+                path: mount.to_path_buf(),
+                source,
+            })?;
+            for e in entries.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    dirs.push(e.path());
+                }
+            }
+            dirs
+        } else {
+            vec![cgroupfs::join_rel(mount, &root)]
+        };
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), CollectError> {
+        let mut stale = false;
+        for d in &self.flush_dirs {
+            match cgroupfs::cpu_stat_usage(d) {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => stale = true,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if stale {
+            self.refresh_flush_dirs()?;
+        }
+        Ok(())
+    }
+}
+
+/// Turns pre-ordered records into (path, record) pairs. Records whose parent is unknown
+/// (the walk raced with a removal) are skipped.
+fn with_paths<'r>(
+    records: &'r [CgroupRecord],
+    root_rel: &str,
+    abs_root: &Path,
+) -> Vec<(String, &'r CgroupRecord)> {
+    let mut paths: HashMap<u64, (String, std::path::PathBuf)> = HashMap::with_capacity(records.len());
+    let mut out = Vec::with_capacity(records.len());
+    for (i, r) in records.iter().enumerate() {
+        if r.flags & FLAG_READ_ERROR != 0 {
+            continue;
+        }
+        let (rel, abs) = if i == 0 {
+            (root_rel.to_string(), abs_root.to_path_buf())
+        } else {
+            let Some((prel, pabs)) = paths.get(&r.parent_id) else {
+                continue;
+            };
+            let name = if r.flags & FLAG_NAME_TRUNCATED != 0 {
+                match name_by_inode(pabs, r.id) {
+                    Some(n) => n,
+                    None => continue,
+                }
+            } else {
+                let end = r.name.iter().position(|b| *b == 0).unwrap_or(r.name.len());
+                String::from_utf8_lossy(&r.name[..end]).into_owned()
+            };
+            let rel = if prel == "/" {
+                format!("/{name}")
+            } else {
+                format!("{prel}/{name}")
+            };
+            (rel, pabs.join(&name))
+        };
+        paths.insert(r.id, (rel.clone(), abs));
+        out.push((rel, r));
+    }
+    out
+}
+
+/// Finds a child directory of `parent` by inode (for names longer than the record holds).
+fn name_by_inode(parent: &Path, ino: u64) -> Option<String> {
+    std::fs::read_dir(parent).ok()?.flatten().find_map(|e| {
+        let md = e.metadata().ok()?;
+        (md.is_dir() && md.ino() == ino).then(|| e.file_name().to_string_lossy().into_owned())
+    })
+}
+
+impl EbpfCollector {
+    fn memory_of(&self, r: &CgroupRecord) -> Option<Memory> {
+        if r.flags & FLAG_MEMCG == 0 {
+            return None;
+        }
+        let pages = |p: i64| Bytes(u64::try_from(p).unwrap_or(0).saturating_mul(self.page));
+        Some(Memory::from_raw(
+            Bytes(r.memory_usage_pages.saturating_mul(self.page)),
+            pages(r.inactive_file_pages),
+            pages(r.anon_pages),
+        ))
+    }
+}
+
+impl Collector for EbpfCollector {
+    fn source(&self) -> Source {
+        Source::Ebpf
+    }
+
+    fn collect(&mut self) -> Result<Snapshot, CollectError> {
+        let timestamp = sample::now();
+        self.flush()?;
+        let root_rel = cgroupfs::normalise_rel(&self.scope.root);
+        let max = self.scope.max_cgroups;
+        let mut records = std::mem::take(&mut self.records);
+        self.cpu_link.read(&mut records)?;
+        let cpu_abs = self.cpu_link.dir().to_path_buf();
+        let mut out: Vec<CgroupSample> = Vec::with_capacity(records.len().min(max));
+        let mut root_inactive = None;
+        let hybrid = self.mem_link.is_some();
+        for (path, r) in with_paths(&records, &root_rel, &cpu_abs).into_iter().take(max) {
+            let hierarchy_root = path == "/";
+            let cpu = if hierarchy_root {
+                // Root CPU time is kernel-wide (kcpustat), read below with the node totals.
+                None
+            } else {
+                Some(CpuNanos(r.cpu_usage_ns))
+            };
+            let memory = if hybrid || hierarchy_root {
+                if hierarchy_root && !hybrid {
+                    root_inactive = self.memory_of(r).map(|m| m.inactive_file);
+                }
+                None
+            } else {
+                self.memory_of(r)
+            };
+            out.push(CgroupSample {
+                path,
+                id: CgroupId(r.id),
+                cpu,
+                memory,
+            });
+        }
+        if let Some(link) = self.mem_link.as_mut() {
+            let mut mrecs = Vec::new();
+            link.read(&mut mrecs)?;
+            let mem_abs = link.dir().to_path_buf();
+            let index: HashMap<String, usize> = out
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (c.path.clone(), i))
+                .collect();
+            for (path, r) in with_paths(&mrecs, &root_rel, &mem_abs) {
+                if path == "/" {
+                    root_inactive = self.memory_of(r).map(|m| m.inactive_file);
+                    continue;
+                }
+                let m = self.memory_of(r);
+                match index.get(&path) {
+                    Some(&i) => out[i].memory = m,
+                    None if out.len() < max => out.push(CgroupSample {
+                        path,
+                        id: CgroupId(r.id),
+                        cpu: None,
+                        memory: m,
+                    }),
+                    None => {}
+                }
+            }
+        }
+        self.records = records;
+        let node = node_totals(&self.scope.layout, root_inactive)?;
+        if let Some(root) = out.iter_mut().find(|c| c.path == "/") {
+            root.cpu = Some(node.cpu);
+        }
+        Ok(Snapshot {
+            timestamp,
+            source: Source::Ebpf,
+            cgroups: out,
+            node,
+        })
+    }
+}

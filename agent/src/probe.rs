@@ -1,0 +1,450 @@
+//! Loading and driving the eBPF programs. The only module with `unsafe` (raw `bpf(2)`
+//! calls for what aya 0.14 does not expose: cgroup iterator links with options).
+
+#![allow(unsafe_code)]
+
+use std::{
+    fs::File,
+    io::Read,
+    os::fd::{AsFd, AsRawFd, OwnedFd},
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    programs::{BtfTracePoint, Iter},
+    Btf, Ebpf, EbpfLoader,
+};
+use kpulse_common::{globals, CgroupRecord, RECORD_VERSION};
+
+use crate::kernel_layout::{KernelLayout, LayoutError};
+
+/// The object built by `cargo xtask build-ebpf`, embedded at compile time when present.
+#[cfg(kpulse_embedded_ebpf)]
+static EMBEDDED: Option<&[u8]> = Some(aya::include_bytes_aligned!(env!(
+    "KPULSE_EBPF_OBJECT_PATH"
+)));
+#[cfg(not(kpulse_embedded_ebpf))]
+static EMBEDDED: Option<&[u8]> = None;
+
+/// Where the kernel's BTF lives.
+pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Why eBPF is not available or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The agent was built without the eBPF object and none was given.
+    #[error("this agent was built without the eBPF object: run `cargo xtask build-ebpf` and rebuild, or pass --ebpf-object")]
+    NotBuilt,
+    /// The object file could not be read.
+    #[error("cannot read eBPF object {path}: {source}")]
+    ReadObject {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kernel has no BTF.
+    #[error("kernel BTF {KERNEL_BTF} is missing (kernel built without CONFIG_DEBUG_INFO_BTF)")]
+    NoBtf,
+    /// Offsets could not be computed.
+    #[error("kernel layout: {0}")]
+    Layout(#[from] LayoutError),
+    /// aya failed to parse or load.
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    /// A program failed to load or attach (verifier, permissions).
+    #[error("program {name}: {source}")]
+    Program {
+        /// Program name.
+        name: &'static str,
+        /// The cause, including the verifier log.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// The object lacks a program.
+    #[error("the eBPF object has no program {0}")]
+    MissingProgram(&'static str),
+    /// A bpf(2) call failed.
+    #[error("{call} on {what}: {source}")]
+    Syscall {
+        /// The call.
+        call: &'static str,
+        /// What it was for.
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The iterator output did not parse.
+    #[error("iterator output: {0}")]
+    Output(String),
+    /// A map could not be read.
+    #[error("map {name}: {source}")]
+    Map {
+        /// Map name.
+        name: &'static str,
+        /// The cause.
+        #[source]
+        source: aya::maps::MapError,
+    },
+}
+
+/// The loaded `cgroup_stats` iterator program.
+pub struct CgroupIter {
+    ebpf: Ebpf,
+    layout: KernelLayout,
+}
+
+impl std::fmt::Debug for CgroupIter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CgroupIter")
+            .field("layout", &self.layout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads the object: a given file, else the embedded one.
+pub fn object_bytes(path: Option<&Path>) -> Result<Vec<u8>, ProbeError> {
+    match path {
+        Some(p) => std::fs::read(p).map_err(|source| ProbeError::ReadObject {
+            path: p.to_path_buf(),
+            source,
+        }),
+        None => EMBEDDED.map(<[u8]>::to_vec).ok_or(ProbeError::NotBuilt),
+    }
+}
+
+fn loader_with_layout<'a>(loader: &mut EbpfLoader<'a>, l: &'a KernelLayout) {
+    loader
+        .override_global(globals::CGROUP_KN, &l.cgroup_kn, true)
+        .override_global(globals::KN_ID, &l.kn_id, true)
+        .override_global(globals::KN_NAME, &l.kn_name, true)
+        .override_global(globals::CSS_PARENT, &l.css_parent, true)
+        .override_global(globals::CGROUP_LEVEL, &l.cgroup_level, true)
+        .override_global(globals::CGROUP_CPU, &l.cgroup_cpu, true)
+        .override_global(globals::CGROUP_MEMCG, &l.cgroup_memcg, true)
+        .override_global(globals::MEMCG_USAGE, &l.memcg_usage, true)
+        .override_global(globals::MEMCG_VMSTATS, &l.memcg_vmstats, true)
+        .override_global(globals::VMSTATS_IS_PTR, &l.vmstats_is_ptr, true)
+        .override_global(
+            globals::VMSTATS_INACTIVE_FILE,
+            &l.vmstats_inactive_file,
+            true,
+        )
+        .override_global(globals::VMSTATS_ANON, &l.vmstats_anon, true);
+}
+
+impl CgroupIter {
+    /// Computes the kernel layout, loads the object and the `cgroup_stats` program.
+    /// Every failure is a typed reason the caller can log before falling back.
+    pub fn load(object: &[u8]) -> Result<CgroupIter, ProbeError> {
+        if !Path::new(KERNEL_BTF).exists() {
+            return Err(ProbeError::NoBtf);
+        }
+        let layout = KernelLayout::from_file(Path::new(KERNEL_BTF))?;
+        let btf = Btf::from_sys_fs().map_err(|_| ProbeError::NoBtf)?;
+        let mut ebpf = {
+            let mut loader = EbpfLoader::new();
+            loader.btf(Some(&btf));
+            loader_with_layout(&mut loader, &layout);
+            loader.load(object)?
+        };
+        let prog: &mut Iter = ebpf
+            .program_mut("cgroup_stats")
+            .ok_or(ProbeError::MissingProgram("cgroup_stats"))?
+            .try_into()
+            .map_err(|source| ProbeError::Program {
+                name: "cgroup_stats",
+                source,
+            })?;
+        prog.load("cgroup", &btf)
+            .map_err(|source| ProbeError::Program {
+                name: "cgroup_stats",
+                source,
+            })?;
+        Ok(CgroupIter { ebpf, layout })
+    }
+
+    /// The offsets in use.
+    pub fn layout(&self) -> &KernelLayout {
+        &self.layout
+    }
+
+    /// Creates an iterator link over the cgroup directory `dir` and its descendants,
+    /// parents first. Keep the link and call [`IterLink::read`] once per cycle.
+    pub fn link(&self, dir: &Path) -> Result<IterLink, ProbeError> {
+        let prog: &Iter = self
+            .ebpf
+            .program("cgroup_stats")
+            .ok_or(ProbeError::MissingProgram("cgroup_stats"))?
+            .try_into()
+            .map_err(|source| ProbeError::Program {
+                name: "cgroup_stats",
+                source,
+            })?;
+        let prog_fd = prog.fd().map_err(|source| ProbeError::Program {
+            name: "cgroup_stats",
+            source,
+        })?;
+        let cgroup_dir = File::open(dir).map_err(|source| ProbeError::Syscall {
+            call: "open",
+            what: dir.display().to_string(),
+            source,
+        })?;
+        let link = sys::link_create_cgroup_iter(
+            prog_fd.as_fd().as_raw_fd(),
+            cgroup_dir.as_raw_fd(),
+            sys::BPF_CGROUP_ITER_DESCENDANTS_PRE,
+        )
+        .map_err(|source| ProbeError::Syscall {
+            call: "BPF_LINK_CREATE",
+            what: dir.display().to_string(),
+            source,
+        })?;
+        Ok(IterLink {
+            link,
+            dir: dir.to_path_buf(),
+            buf: vec![0; READ_CHUNK],
+        })
+    }
+}
+
+/// Bytes asked for in one read of the iterator (the kernel fills up to a page per
+/// `seq_file` round; large reads keep the syscall count low).
+const READ_CHUNK: usize = 1 << 20;
+
+/// An attached cgroup iterator over one subtree.
+#[derive(Debug)]
+pub struct IterLink {
+    link: OwnedFd,
+    dir: PathBuf,
+    buf: Vec<u8>,
+}
+
+impl IterLink {
+    /// The subtree's root directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Runs the iterator once and decodes its records into `out` (cleared first).
+    pub fn read(&mut self, out: &mut Vec<CgroupRecord>) -> Result<(), ProbeError> {
+        out.clear();
+        let fd = sys::iter_create(self.link.as_raw_fd()).map_err(|source| ProbeError::Syscall {
+            call: "BPF_ITER_CREATE",
+            what: self.dir.display().to_string(),
+            source,
+        })?;
+        let mut file = File::from(fd);
+        let rec_size = std::mem::size_of::<CgroupRecord>();
+        let mut pending: Vec<u8> = Vec::new();
+        loop {
+            let n = match file.read(&mut self.buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    return Err(ProbeError::Syscall {
+                        call: "read",
+                        what: format!("cgroup iterator over {}", self.dir.display()),
+                        source,
+                    })
+                }
+            };
+            if n == 0 {
+                break;
+            }
+            let mut chunk = &self.buf[..n];
+            if !pending.is_empty() {
+                let need = rec_size - pending.len();
+                let take = need.min(chunk.len());
+                pending.extend_from_slice(&chunk[..take]);
+                chunk = &chunk[take..];
+                if pending.len() == rec_size {
+                    out.push(decode(&pending)?);
+                    pending.clear();
+                }
+            }
+            let whole = chunk.len() / rec_size * rec_size;
+            for r in chunk[..whole].chunks_exact(rec_size) {
+                out.push(decode(r)?);
+            }
+            pending.extend_from_slice(&chunk[whole..]);
+        }
+        if !pending.is_empty() {
+            return Err(ProbeError::Output(format!(
+                "{} trailing bytes (records are {rec_size} bytes)",
+                pending.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn decode(bytes: &[u8]) -> Result<CgroupRecord, ProbeError> {
+    if bytes.len() != std::mem::size_of::<CgroupRecord>() {
+        return Err(ProbeError::Output("short record".into()));
+    }
+    // SAFETY: CgroupRecord is plain old data (integers and bytes, any bit pattern is
+    // valid) and `bytes` has exactly its size; read_unaligned copes with any alignment.
+    let rec = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<CgroupRecord>()) };
+    if rec.version != RECORD_VERSION {
+        return Err(ProbeError::Output(format!(
+            "record version {} (this agent reads {RECORD_VERSION}): agent and eBPF object differ",
+            rec.version
+        )));
+    }
+    Ok(rec)
+}
+
+/// The scheduler-path program, for measurements only (see docs/design/collection.md).
+pub struct SchedSwitch {
+    ebpf: Ebpf,
+}
+
+impl SchedSwitch {
+    /// Loads and attaches `tp_btf/sched_switch`.
+    pub fn attach(object: &[u8]) -> Result<SchedSwitch, ProbeError> {
+        let btf = Btf::from_sys_fs().map_err(|_| ProbeError::NoBtf)?;
+        let layout = KernelLayout::default();
+        let mut ebpf = {
+            let mut loader = EbpfLoader::new();
+            loader.btf(Some(&btf));
+            loader_with_layout(&mut loader, &layout);
+            loader.load(object)?
+        };
+        let prog: &mut BtfTracePoint = ebpf
+            .program_mut("sched_switch")
+            .ok_or(ProbeError::MissingProgram("sched_switch"))?
+            .try_into()
+            .map_err(|source| ProbeError::Program {
+                name: "sched_switch",
+                source,
+            })?;
+        prog.load("sched_switch", &btf)
+            .map_err(|source| ProbeError::Program {
+                name: "sched_switch",
+                source,
+            })?;
+        prog.attach().map_err(|source| ProbeError::Program {
+            name: "sched_switch",
+            source,
+        })?;
+        Ok(SchedSwitch { ebpf })
+    }
+
+    /// Total nanoseconds credited to the (v2) cgroup `id`, summed over CPUs.
+    pub fn cpu_ns(&self, id: u64) -> Result<u64, ProbeError> {
+        let map = self
+            .ebpf
+            .map("SCHED_CPU_NS")
+            .ok_or(ProbeError::MissingProgram("SCHED_CPU_NS"))?;
+        let map: aya::maps::PerCpuHashMap<_, u64, u64> = aya::maps::PerCpuHashMap::try_from(map)
+            .map_err(|source| ProbeError::Map {
+                name: "SCHED_CPU_NS",
+                source,
+            })?;
+        match map.get(&id, 0) {
+            Ok(values) => Ok(values.iter().sum()),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(0),
+            Err(source) => Err(ProbeError::Map {
+                name: "SCHED_CPU_NS",
+                source,
+            }),
+        }
+    }
+
+    /// The program's kernel id (for `kernel.bpf_stats_enabled` run time/count).
+    pub fn program_id(&self) -> Option<u32> {
+        let prog = self.ebpf.program("sched_switch")?;
+        prog.info().ok().map(|i| i.id())
+    }
+}
+
+/// Raw `bpf(2)` calls aya 0.14 does not offer.
+mod sys {
+    use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+    const BPF_LINK_CREATE: libc::c_long = 28;
+    const BPF_ITER_CREATE: libc::c_long = 33;
+    const BPF_TRACE_ITER: u32 = 28;
+    /// `enum bpf_cgroup_iter_order`: walk descendants, parents first.
+    pub const BPF_CGROUP_ITER_DESCENDANTS_PRE: u32 = 2;
+
+    /// `union bpf_iter_link_info`'s cgroup member.
+    #[repr(C)]
+    #[derive(Default)]
+    struct CgroupIterInfo {
+        order: u32,
+        cgroup_fd: u32,
+        cgroup_id: u64,
+    }
+
+    /// The `BPF_LINK_CREATE` part of `union bpf_attr`, padded to a safe size.
+    #[repr(C)]
+    #[derive(Default)]
+    struct LinkCreateAttr {
+        prog_fd: u32,
+        target_fd: u32,
+        attach_type: u32,
+        flags: u32,
+        iter_info: u64,
+        iter_info_len: u32,
+        _pad: [u32; 25],
+    }
+
+    #[repr(C)]
+    #[derive(Default)]
+    struct IterCreateAttr {
+        link_fd: u32,
+        flags: u32,
+        _pad: [u64; 6],
+    }
+
+    fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<OwnedFd> {
+        // SAFETY: `attr` is a properly initialised #[repr(C)] struct that outlives the call,
+        // and its size is passed along; the kernel only reads it.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                attr as *mut T,
+                std::mem::size_of::<T>() as libc::c_uint,
+            )
+        };
+        if ret < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let fd = RawFd::try_from(ret).map_err(|_| std::io::Error::other("fd out of range"))?;
+        // SAFETY: the kernel returned a new file descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    pub fn link_create_cgroup_iter(
+        prog_fd: RawFd,
+        cgroup_fd: RawFd,
+        order: u32,
+    ) -> std::io::Result<OwnedFd> {
+        let info = CgroupIterInfo {
+            order,
+            cgroup_fd: cgroup_fd as u32,
+            cgroup_id: 0,
+        };
+        let mut attr = LinkCreateAttr {
+            prog_fd: prog_fd as u32,
+            attach_type: BPF_TRACE_ITER,
+            iter_info: &info as *const CgroupIterInfo as u64,
+            iter_info_len: std::mem::size_of::<CgroupIterInfo>() as u32,
+            ..Default::default()
+        };
+        bpf(BPF_LINK_CREATE, &mut attr)
+    }
+
+    pub fn iter_create(link_fd: RawFd) -> std::io::Result<OwnedFd> {
+        let mut attr = IterCreateAttr {
+            link_fd: link_fd as u32,
+            ..Default::default()
+        };
+        bpf(BPF_ITER_CREATE, &mut attr)
+    }
+}

@@ -1,0 +1,112 @@
+//! What one collection cycle produces: per-cgroup and node samples with units in types.
+
+use serde::Serialize;
+
+/// A cgroup id: the kernfs node id, which is also the inode number of the cgroup's directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct CgroupId(pub u64);
+
+/// Cumulative CPU time in nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct CpuNanos(pub u64);
+
+/// A quantity of memory in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct Bytes(pub u64);
+
+/// Nanoseconds since the Unix epoch (CLOCK_REALTIME), as metrics timestamps are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct UnixNanos(pub u64);
+
+/// Which collector produced a sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// The `iter/cgroup` eBPF program.
+    Ebpf,
+    /// Reading cgroupfs files.
+    Cgroupfs,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Source::Ebpf => "ebpf",
+            Source::Cgroupfs => "cgroupfs",
+        })
+    }
+}
+
+/// Memory figures of one cgroup, defined as kubelet/cAdvisor define them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Memory {
+    /// `memory.current` (v2) / `memory.usage_in_bytes` (v1).
+    pub usage: Bytes,
+    /// `usage - inactive_file`, floored at 0.
+    pub working_set: Bytes,
+    /// Anonymous memory: `anon` (v2) / `total_rss` (v1) of `memory.stat`.
+    pub rss: Bytes,
+    /// `inactive_file` (v2) / `total_inactive_file` (v1) of `memory.stat`.
+    pub inactive_file: Bytes,
+}
+
+impl Memory {
+    /// Builds the figures from the kernel's raw counters.
+    pub fn from_raw(usage: Bytes, inactive_file: Bytes, rss: Bytes) -> Memory {
+        Memory {
+            usage,
+            working_set: Bytes(usage.0.saturating_sub(inactive_file.0)),
+            rss,
+            inactive_file,
+        }
+    }
+}
+
+/// One cgroup at one instant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupSample {
+    /// Path relative to the hierarchy's mount point, starting with `/` (`/` is the root).
+    pub path: String,
+    /// The cgroup's id in the hierarchy that carried its CPU time (memory's on hybrid
+    /// nodes when the cgroup exists only there).
+    pub id: CgroupId,
+    /// Cumulative CPU time; `None` when the cgroup has no CPU accounting in this layout.
+    pub cpu: Option<CpuNanos>,
+    /// Memory; `None` when no memory controller covers the cgroup.
+    pub memory: Option<Memory>,
+}
+
+/// Node totals, as kubelet reports them for the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeSample {
+    /// Cumulative CPU time of the whole node (the root cgroup's `usage_usec`: user, nice,
+    /// system, irq, softirq and steal time of all CPUs).
+    pub cpu: CpuNanos,
+    /// Working set of the whole node: `MemTotal - MemFree - inactive_file(root)`, floored at 0.
+    pub memory_working_set: Bytes,
+}
+
+/// Everything one collection cycle produced.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// When the cycle read the counters.
+    pub timestamp: UnixNanos,
+    /// The collector.
+    pub source: Source,
+    /// Every cgroup under the configured root, parents before children.
+    pub cgroups: Vec<CgroupSample>,
+    /// Node totals.
+    pub node: NodeSample,
+}
+
+/// Reads CLOCK_REALTIME.
+pub fn now() -> UnixNanos {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    UnixNanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}

@@ -1,0 +1,93 @@
+//! Kernel ↔ user ABI of kpulse's eBPF programs.
+//!
+//! Plain `#[repr(C)]` records with fixed-width fields and no padding, shared by
+//! the programs in `ebpf/` (built for `bpfel-unknown-none`, `no_std`) and the
+//! agent (feature `user`, which adds `aya::Pod`). This crate has no logic and no
+//! knowledge of Kubernetes: it only fixes byte layouts and names.
+#![no_std]
+
+/// Version of [`CgroupRecord`]'s layout. The agent refuses records of another version.
+pub const RECORD_VERSION: u32 = 1;
+
+/// Bytes of a cgroup's directory name carried in a record (NUL-terminated).
+/// Longer names are flagged with [`FLAG_NAME_TRUNCATED`] and resolved by user space.
+pub const NAME_LEN: usize = 128;
+
+/// The record's cgroup has a memory controller state (v2 with memory enabled, or a
+/// v1 memory hierarchy); the memory fields are valid.
+pub const FLAG_MEMCG: u32 = 1 << 0;
+/// The cgroup's name did not fit in [`NAME_LEN`] bytes.
+pub const FLAG_NAME_TRUNCATED: u32 = 1 << 1;
+/// A kernel read failed for one of the fields; user space drops the record and counts it.
+pub const FLAG_READ_ERROR: u32 = 1 << 2;
+
+/// One cgroup as seen by the `iter/cgroup` program `cgroup_stats`, written with
+/// `bpf_seq_write` in pre-order (a parent always precedes its children).
+///
+/// All counters are the kernel's own, copied without arithmetic:
+/// - `cpu_usage_ns`: `cgroup->bstat.cputime.sum_exec_runtime`, the hierarchical CPU time
+///   that `cpu.stat`'s `usage_usec` prints (as of the last rstat flush);
+/// - `memory_usage_pages`: `mem_cgroup->memory.usage` (page counter, pages);
+/// - `inactive_file_pages`, `anon_pages`: hierarchical memcg statistics
+///   (`memory.stat` `inactive_file`, and `anon`/`rss`), pages.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CgroupRecord {
+    /// Layout version, [`RECORD_VERSION`].
+    pub version: u32,
+    /// `FLAG_*` bits.
+    pub flags: u32,
+    /// cgroup id: the kernfs node id, equal to the directory's inode number.
+    pub id: u64,
+    /// Parent cgroup's id; 0 for a hierarchy root.
+    pub parent_id: u64,
+    /// Depth in the hierarchy (root = 0).
+    pub level: u64,
+    /// Hierarchical CPU time, nanoseconds (v2 base stat; 0 on v1 hierarchies).
+    pub cpu_usage_ns: u64,
+    /// Memory page counter, pages.
+    pub memory_usage_pages: u64,
+    /// Hierarchical inactive file LRU size, pages.
+    pub inactive_file_pages: i64,
+    /// Hierarchical anonymous mapped memory, pages.
+    pub anon_pages: i64,
+    /// Directory name, NUL-terminated.
+    pub name: [u8; NAME_LEN],
+}
+
+#[cfg(feature = "user")]
+// SAFETY: plain old data: integers and a byte array, no padding, any bit pattern valid.
+#[allow(unsafe_code)]
+unsafe impl aya::Pod for CgroupRecord {}
+
+/// Maximum number of cgroups tracked by the scheduler-path program's map.
+pub const SCHED_MAX_CGROUPS: u32 = 16_384;
+
+/// Names of the globals the loader writes before load (`EbpfLoader::set_global`).
+/// Each is a byte offset into a kernel struct, computed from the running kernel's BTF.
+pub mod globals {
+    /// `offsetof(struct cgroup, kn)`.
+    pub const CGROUP_KN: &str = "OFF_CGROUP_KN";
+    /// `offsetof(struct kernfs_node, id)`.
+    pub const KN_ID: &str = "OFF_KN_ID";
+    /// `offsetof(struct kernfs_node, name)`.
+    pub const KN_NAME: &str = "OFF_KN_NAME";
+    /// `offsetof(struct cgroup, self.parent)`.
+    pub const CSS_PARENT: &str = "OFF_CSS_PARENT";
+    /// `offsetof(struct cgroup, level)`.
+    pub const CGROUP_LEVEL: &str = "OFF_CGROUP_LEVEL";
+    /// `offsetof(struct cgroup, bstat.cputime.sum_exec_runtime)`.
+    pub const CGROUP_CPU: &str = "OFF_CGROUP_CPU";
+    /// `offsetof(struct cgroup, subsys[memory_cgrp_id])`.
+    pub const CGROUP_MEMCG: &str = "OFF_CGROUP_MEMCG";
+    /// `offsetof(struct mem_cgroup, memory.usage)`.
+    pub const MEMCG_USAGE: &str = "OFF_MEMCG_USAGE";
+    /// `offsetof(struct mem_cgroup, vmstats)`.
+    pub const MEMCG_VMSTATS: &str = "OFF_MEMCG_VMSTATS";
+    /// 1 when `mem_cgroup.vmstats` is a pointer (6.x late), 0 when embedded.
+    pub const VMSTATS_IS_PTR: &str = "VMSTATS_IS_PTR";
+    /// Byte offset of `state[inactive_file]` inside `struct memcg_vmstats`.
+    pub const VMSTATS_INACTIVE_FILE: &str = "OFF_VMSTATS_INACTIVE_FILE";
+    /// Byte offset of `state[anon]` inside `struct memcg_vmstats`.
+    pub const VMSTATS_ANON: &str = "OFF_VMSTATS_ANON";
+}

@@ -1,0 +1,32 @@
+//! Project chores, as `cargo xtask <command>`: build the eBPF programs, run the tests
+//! (on this host and in qemu VMs), benchmarks. Not shipped; not a library.
+
+mod build_ebpf;
+mod exec;
+mod vm;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "kpulse project chores")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check/install the eBPF toolchain, then build the programs in ebpf/.
+    BuildEbpf(build_ebpf::Options),
+    /// Boot Debian kernels (pure cgroup v2) in qemu and run a test binary inside.
+    Vm(vm::Options),
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
+        Command::Vm(opts) => vm::run(&opts),
+    }
+}

@@ -11,7 +11,8 @@ fn main() {
     let object = match std::env::var_os("KPULSE_EBPF_OBJECT") {
         Some(p) => PathBuf::from(p),
         None => {
-            let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+            let manifest =
+                PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
             let dir = manifest.join("../target/ebpf");
             // Watch the directory so that a first build of the object is noticed.
             let _ = std::fs::create_dir_all(&dir);
@@ -22,6 +23,9 @@ fn main() {
     if object.is_file() {
         println!("cargo::rerun-if-changed={}", object.display());
         println!("cargo::rustc-cfg=kpulse_embedded_ebpf");
-        println!("cargo::rustc-env=KPULSE_EBPF_OBJECT_PATH={}", object.display());
+        println!(
+            "cargo::rustc-env=KPULSE_EBPF_OBJECT_PATH={}",
+            object.display()
+        );
     }
 }

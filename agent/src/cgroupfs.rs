@@ -76,7 +76,9 @@ fn single_u64(path: &Path) -> Result<u64, FsError> {
 pub fn cpu_stat_usage(dir: &Path) -> Result<CpuNanos, FsError> {
     let path = dir.join("cpu.stat");
     let text = read(&path)?;
-    Ok(CpuNanos(need_key(&path, &text, "usage_usec")?.saturating_mul(1000)))
+    Ok(CpuNanos(
+        need_key(&path, &text, "usage_usec")?.saturating_mul(1000),
+    ))
 }
 
 /// v1 `cpuacct.usage`, nanoseconds.
@@ -96,7 +98,11 @@ pub fn memory_v2(dir: &Path) -> Result<Option<Memory>, FsError> {
     let stat = read(&stat_path)?;
     let inactive = need_key(&stat_path, &stat, "inactive_file")?;
     let anon = need_key(&stat_path, &stat, "anon")?;
-    Ok(Some(Memory::from_raw(Bytes(usage), Bytes(inactive), Bytes(anon))))
+    Ok(Some(Memory::from_raw(
+        Bytes(usage),
+        Bytes(inactive),
+        Bytes(anon),
+    )))
 }
 
 /// Memory of a v1 memcg: `memory.usage_in_bytes` and `memory.stat`
@@ -241,7 +247,10 @@ mod tests {
         assert_eq!(normalise_rel(""), "/");
         assert_eq!(normalise_rel("/"), "/");
         assert_eq!(normalise_rel("a//b/"), "/a/b");
-        assert_eq!(join_rel(Path::new("/sys/fs/cgroup"), "/"), PathBuf::from("/sys/fs/cgroup"));
+        assert_eq!(
+            join_rel(Path::new("/sys/fs/cgroup"), "/"),
+            PathBuf::from("/sys/fs/cgroup")
+        );
         assert_eq!(
             join_rel(Path::new("/sys/fs/cgroup"), "/kubepods.slice/"),
             PathBuf::from("/sys/fs/cgroup/kubepods.slice")

@@ -218,7 +218,9 @@ impl EbpfCollector {
         let cpu_root = cgroupfs::join_rel(scope.layout.cpu_mount(), &scope.root);
         let cpu_link = iter.link(&cpu_root)?;
         let mem_link = match &scope.layout {
-            Layout::Hybrid { memory, .. } => Some(iter.link(&cgroupfs::join_rel(memory, &scope.root))?),
+            Layout::Hybrid { memory, .. } => {
+                Some(iter.link(&cgroupfs::join_rel(memory, &scope.root))?)
+            }
             Layout::Unified { .. } => None,
         };
         let mut c = EbpfCollector {
@@ -285,7 +287,8 @@ fn with_paths<'r>(
     root_rel: &str,
     abs_root: &Path,
 ) -> Vec<(String, &'r CgroupRecord)> {
-    let mut paths: HashMap<u64, (String, std::path::PathBuf)> = HashMap::with_capacity(records.len());
+    let mut paths: HashMap<u64, (String, std::path::PathBuf)> =
+        HashMap::with_capacity(records.len());
     let mut out = Vec::with_capacity(records.len());
     for (i, r) in records.iter().enumerate() {
         if r.flags & FLAG_READ_ERROR != 0 {
@@ -357,7 +360,10 @@ impl Collector for EbpfCollector {
         let mut out: Vec<CgroupSample> = Vec::with_capacity(records.len().min(max));
         let mut root_inactive = None;
         let hybrid = self.mem_link.is_some();
-        for (path, r) in with_paths(&records, &root_rel, &cpu_abs).into_iter().take(max) {
+        for (path, r) in with_paths(&records, &root_rel, &cpu_abs)
+            .into_iter()
+            .take(max)
+        {
             let hierarchy_root = path == "/";
             let cpu = if hierarchy_root {
                 // Root CPU time is kernel-wide (kcpustat), read below with the node totals.

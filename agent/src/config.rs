@@ -127,7 +127,11 @@ mod tests {
 
     #[test]
     fn collector_values() {
-        for (v, m) in [("auto", Mode::Auto), ("ebpf", Mode::Ebpf), ("cgroupfs", Mode::Cgroupfs)] {
+        for (v, m) in [
+            ("auto", Mode::Auto),
+            ("ebpf", Mode::Ebpf),
+            ("cgroupfs", Mode::Cgroupfs),
+        ] {
             let cli = parse(&["dump", "--collector", v]).expect("parse");
             let Command::Dump(d) = cli.command;
             assert_eq!(d.collect.collector, m);

@@ -8,7 +8,7 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-
+    cgroup_path::{self, CgroupKind},
     collect::Collector,
     sample::{CgroupSample, Snapshot},
 };
@@ -66,7 +66,7 @@ pub fn cgroup_line<'a>(snap: &Snapshot, c: &'a CgroupSample) -> CgroupLine<'a> {
         memory_usage_bytes: c.memory.map(|m| m.usage.0),
         memory_working_set_bytes: c.memory.map(|m| m.working_set.0),
         memory_rss_bytes: c.memory.map(|m| m.rss.0),
-        kubernetes: None,
+        kubernetes: attribution_json(&c.path),
     }
 }
 
@@ -110,5 +110,109 @@ pub fn run(
         let next = (now.as_nanos() / res + 1) * res;
         let next = Duration::from_nanos(u64::try_from(next).unwrap_or(u64::MAX));
         std::thread::sleep(next.saturating_sub(now));
+    }
+}
+
+/// Kubernetes attribution of a cgroup path, for `dump`: `None` outside kubepods, an
+/// `error` member for kubepods paths that do not parse.
+pub fn attribution_json(path: &str) -> Option<serde_json::Value> {
+    use serde_json::json;
+    let kind = match cgroup_path::classify(path) {
+        Ok(k) => k,
+        Err(e) => return Some(json!({ "error": e.to_string() })),
+    };
+    let v = match &kind {
+        CgroupKind::NotKubernetes => return None,
+        CgroupKind::KubepodsRoot { qos } => {
+            json!({ "kind": "kubepods", "qos_class": qos.map(|q| q.as_str()) })
+        }
+        CgroupKind::Pod { uid, qos } => {
+            json!({ "kind": "pod", "pod_uid": uid.as_str(), "qos_class": qos.as_str() })
+        }
+        CgroupKind::Container {
+            pod,
+            qos,
+            id,
+            runtime,
+        } => json!({
+            "kind": "container", "pod_uid": pod.as_str(), "qos_class": qos.as_str(),
+            "container_id": id.as_str(), "runtime": runtime.as_str(),
+        }),
+        CgroupKind::ContainerChild {
+            pod,
+            qos,
+            id,
+            runtime,
+        } => json!({
+            "kind": "container_child", "pod_uid": pod.as_str(), "qos_class": qos.as_str(),
+            "container_id": id.as_str(), "runtime": runtime.as_str(),
+        }),
+        CgroupKind::ConmonMonitor { pod, qos, id } => json!({
+            "kind": "conmon", "pod_uid": pod.as_str(), "qos_class": qos.as_str(),
+            "container_id": id.as_str(),
+        }),
+        CgroupKind::PodOther { pod, qos } => {
+            json!({ "kind": "pod_other", "pod_uid": pod.as_str(), "qos_class": qos.as_str() })
+        }
+    };
+    Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::{Bytes, CgroupId, CpuNanos, Memory, NodeSample, Source, UnixNanos};
+
+    #[test]
+    fn lines_carry_the_required_fields() {
+        let uid = "5f8c0f2a-1b2c-4d3e-9f00-0123456789ab";
+        let id = "a".repeat(64);
+        let path = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope",
+            uid.replace('-', "_")
+        );
+        let snap = Snapshot {
+            timestamp: UnixNanos(42),
+            source: Source::Ebpf,
+            cgroups: vec![CgroupSample {
+                path: path.clone(),
+                id: CgroupId(7),
+                cpu: Some(CpuNanos(1000)),
+                memory: Some(Memory::from_raw(Bytes(300), Bytes(100), Bytes(50))),
+            }],
+            node: NodeSample {
+                cpu: CpuNanos(5),
+                memory_working_set: Bytes(6),
+            },
+        };
+        let mut out = Vec::new();
+        write_snapshot(&mut out, &snap).expect("write");
+        let text = String::from_utf8(out).expect("utf8");
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect();
+        assert_eq!(lines.len(), 2);
+        let c = &lines[0];
+        assert_eq!(c["path"], path.as_str());
+        assert_eq!(c["id"], 7);
+        assert_eq!(c["cpu_ns"], 1000);
+        assert_eq!(c["memory_usage_bytes"], 300);
+        assert_eq!(c["memory_working_set_bytes"], 200);
+        assert_eq!(c["memory_rss_bytes"], 50);
+        assert_eq!(c["timestamp_ns"], 42);
+        assert_eq!(c["collector"], "ebpf");
+        assert_eq!(c["kubernetes"]["pod_uid"], uid);
+        assert_eq!(c["kubernetes"]["container_id"], id.as_str());
+        assert_eq!(c["kubernetes"]["qos_class"], "Burstable");
+        assert_eq!(lines[1]["kind"], "node");
+        assert_eq!(lines[1]["cpu_ns"], 5);
+    }
+
+    #[test]
+    fn malformed_kubepods_paths_report_an_error() {
+        let v = attribution_json("/kubepods/burstable/podnot-a-uid").expect("kubepods path");
+        assert!(v["error"].is_string(), "{v}");
+        assert!(attribution_json("/system.slice/sshd.service").is_none());
     }
 }

@@ -267,7 +267,9 @@ impl Kbtf<'_> {
     fn array_member(&self, s: &str, field: &str) -> Result<(u64, u64), LayoutError> {
         let (off, t) = self.member(s, &[field])?;
         let Type::Array(a) = t else {
-            return Err(LayoutError::Unexpected(format!("{s}.{field} is not an array")));
+            return Err(LayoutError::Unexpected(format!(
+                "{s}.{field} is not an array"
+            )));
         };
         let elem = self.strip(self.chained(&a)?)?;
         let size = match elem {
@@ -287,7 +289,9 @@ impl Kbtf<'_> {
     fn array_len(&self, s: &str, field: &str) -> Result<u64, LayoutError> {
         match self.member(s, &[field])?.1 {
             Type::Array(a) => Ok(a.len() as u64),
-            _ => Err(LayoutError::Unexpected(format!("{s}.{field} is not an array"))),
+            _ => Err(LayoutError::Unexpected(format!(
+                "{s}.{field} is not an array"
+            ))),
         }
     }
 

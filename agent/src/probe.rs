@@ -20,9 +20,7 @@ use crate::kernel_layout::{KernelLayout, LayoutError};
 
 /// The object built by `cargo xtask build-ebpf`, embedded at compile time when present.
 #[cfg(kpulse_embedded_ebpf)]
-static EMBEDDED: Option<&[u8]> = Some(aya::include_bytes_aligned!(env!(
-    "KPULSE_EBPF_OBJECT_PATH"
-)));
+static EMBEDDED: Option<&[u8]> = Some(aya::include_bytes_aligned!(env!("KPULSE_EBPF_OBJECT_PATH")));
 #[cfg(not(kpulse_embedded_ebpf))]
 static EMBEDDED: Option<&[u8]> = None;
 

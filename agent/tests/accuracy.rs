@@ -1,0 +1,517 @@
+//! Collector accuracy against ground truth, on this machine's kernel (and, through
+//! `cargo xtask test-vm`, on Debian's 6.1 and 6.12 kernels with pure cgroup v2).
+//!
+//! Creates a cgroup subtree `kpulse-acc-<pid>` with three children, runs in them
+//! a busy loop pinned to one CPU, a ~50 % duty-cycle burner, and a process that touches
+//! 64 MiB (plus 16 MiB of page cache), then checks over a 2 s window:
+//! - each collector's CPU delta is within ±2 % of `/proc/PID/schedstat`;
+//! - each collector's working set is within ±2 % of the kernel's cgroup files read at
+//!   the same tick;
+//! - the cgroupfs collector gives the same answers as eBPF; `auto` falls back to it with
+//!   a warning when eBPF cannot load;
+//! - afterwards no cgroup, process or BPF program of the test is left.
+//!
+//! Needs root and BPF. Outside CI it skips with a reason when they are missing; with
+//! `CI=true` it fails instead.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use kpulse_agent::{
+    cgroupfs,
+    collect::{self, CgroupfsCollector, Collector, EbpfCollector, Mode, Scope},
+    layout::Layout,
+    sample::{CgroupSample, Snapshot, Source},
+};
+
+const TOLERANCE: f64 = 0.02;
+const WINDOW: Duration = Duration::from_secs(2);
+const TOUCH_MIB: usize = 64;
+const CACHE_MIB: usize = 16;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("workload") {
+        workload(&args[2..]);
+        return;
+    }
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    if let Err(reason) = preflight() {
+        if ci {
+            eprintln!("accuracy: cannot run in CI: {reason}");
+            println!("0 passed, 1 failed");
+            std::process::exit(1);
+        }
+        println!("accuracy: SKIPPED: {reason}");
+        println!("0 passed, 0 failed, 1 skipped");
+        return;
+    }
+    let result = std::panic::catch_unwind(run);
+    let leftovers = leftover_check();
+    match (result, leftovers) {
+        (Ok(checks), Ok(())) => {
+            println!("accuracy: {checks} checks passed");
+            println!("1 passed, 0 failed");
+        }
+        (Ok(_), Err(e)) => {
+            eprintln!("accuracy: left behind: {e}");
+            println!("0 passed, 1 failed");
+            std::process::exit(1);
+        }
+        (Err(_), l) => {
+            if let Err(e) = l {
+                eprintln!("accuracy: also left behind: {e}");
+            }
+            println!("0 passed, 1 failed");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn preflight() -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    #[allow(unsafe_code)]
+    let uid = unsafe { libc::geteuid() };
+    if uid != 0 {
+        return Err("needs root (creates cgroups, loads eBPF)".into());
+    }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Err("kernel has no BTF".into());
+    }
+    let bytes = kpulse_agent::probe::object_bytes(object_override().as_deref())
+        .map_err(|e| e.to_string())?;
+    kpulse_agent::probe::CgroupIter::load(&bytes)
+        .map(drop)
+        .map_err(|e| format!("eBPF cannot load here: {e}"))
+}
+
+fn object_override() -> Option<PathBuf> {
+    std::env::var_os("KPULSE_EBPF_OBJECT").map(PathBuf::from)
+}
+
+/// The cgroups of the test, in every hierarchy that matters; removed on drop.
+struct TestCgroups {
+    dirs: Vec<PathBuf>,
+    children: Vec<Child>,
+}
+
+impl TestCgroups {
+    fn create(layout: &Layout, parent: &str, kids: &[&str]) -> TestCgroups {
+        let mounts: Vec<PathBuf> = match layout {
+            Layout::Unified { mount } => vec![mount.clone()],
+            Layout::Hybrid {
+                unified, memory, ..
+            } => vec![unified.clone(), memory.clone()],
+        };
+        let mut dirs = Vec::new();
+        for m in &mounts {
+            let p = m.join(parent);
+            std::fs::create_dir(&p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
+            dirs.push(p.clone());
+            if matches!(layout, Layout::Unified { .. }) {
+                enable_controllers(m, &p);
+            }
+            for k in kids {
+                let c = p.join(k);
+                std::fs::create_dir(&c).unwrap_or_else(|e| panic!("mkdir {}: {e}", c.display()));
+                dirs.push(c);
+            }
+        }
+        TestCgroups {
+            dirs,
+            children: Vec::new(),
+        }
+    }
+
+    fn procs_files(&self, kid: &str) -> Vec<PathBuf> {
+        self.dirs
+            .iter()
+            .filter(|d| d.file_name().is_some_and(|n| n == kid))
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
+    }
+
+    /// Starts `workload <kind>` of this executable inside cgroup `kid`; returns its pid
+    /// once it reports ready (moved into its cgroups and warmed up).
+    fn spawn(&mut self, kind: &str, kid: &str) -> u32 {
+        let exe = std::env::current_exe().expect("current_exe");
+        let mut cmd = Command::new(exe);
+        cmd.arg("workload").arg(kind);
+        for f in self.procs_files(kid) {
+            cmd.arg(f);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn workload");
+        let pid = child.id();
+        let stdout = child.stdout.take().expect("stdout");
+        self.children.push(child);
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("workload ready line");
+        assert_eq!(line.trim(), "ready", "workload {kind} did not start");
+        pid
+    }
+}
+
+impl Drop for TestCgroups {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // Children first, then parents; retry briefly while the kernel releases them.
+        for d in self.dirs.iter().rev() {
+            for _ in 0..50 {
+                match std::fs::remove_dir(d) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        }
+    }
+}
+
+fn enable_controllers(mount: &Path, parent: &Path) {
+    // The root must delegate cpu and memory for the parent to have them.
+    let root_ctl = mount.join("cgroup.subtree_control");
+    let _ = std::fs::write(&root_ctl, "+cpu +memory");
+    std::fs::write(parent.join("cgroup.subtree_control"), "+cpu +memory")
+        .unwrap_or_else(|e| panic!("enable cpu/memory in {}: {e}", parent.display()));
+}
+
+fn schedstat_ns(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).expect("schedstat");
+    s.split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("schedstat first field")
+}
+
+fn find<'a>(snap: &'a Snapshot, path: &str) -> &'a CgroupSample {
+    snap.cgroups
+        .iter()
+        .find(|c| c.path == path)
+        .unwrap_or_else(|| panic!("{} snapshot has no {path}", snap.source))
+}
+
+fn rel_err(got: f64, want: f64) -> f64 {
+    if want == 0.0 {
+        if got == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY
+        }
+    } else {
+        (got - want).abs() / want
+    }
+}
+
+/// The kernel's own working set for the `mem` cgroup, from its files.
+fn file_working_set(layout: &Layout, parent: &str) -> u64 {
+    let m = match layout {
+        Layout::Unified { mount } => cgroupfs::memory_v2(&mount.join(parent).join("mem"))
+            .expect("memory files")
+            .expect("memory controller enabled"),
+        Layout::Hybrid { memory, .. } => {
+            cgroupfs::memory_v1(&memory.join(parent).join("mem")).expect("memory files")
+        }
+    };
+    m.working_set.0
+}
+
+fn run() -> usize {
+    let layout = Layout::detect().expect("layout");
+    let parent = format!("kpulse-acc-{}", std::process::id());
+    println!(
+        "accuracy: layout {} ({layout:?}), kernel {}",
+        layout.name(),
+        kernel()
+    );
+    let mut cg = TestCgroups::create(&layout, &parent, &["spin", "duty", "mem"]);
+    let pids = [
+        ("spin", cg.spawn("spin", "spin")),
+        ("duty", cg.spawn("duty", "duty")),
+        ("mem", cg.spawn("touch", "mem")),
+    ];
+    let scope = Scope {
+        layout: layout.clone(),
+        root: format!("/{parent}"),
+        max_cgroups: 1000,
+    };
+    let mut ebpf =
+        EbpfCollector::new(scope.clone(), object_override().as_deref()).expect("eBPF collector");
+    let mut fs = CgroupfsCollector::new(scope.clone());
+    let mut checks = 0;
+    let mut failures = Vec::new();
+
+    for collector in [
+        &mut ebpf as &mut dyn Collector,
+        &mut fs as &mut dyn Collector,
+    ] {
+        let source = collector.source();
+        let truth0: Vec<u64> = pids.iter().map(|(_, p)| schedstat_ns(*p)).collect();
+        let s0 = collector.collect().expect("collect");
+        let t0 = Instant::now();
+        std::thread::sleep(WINDOW.saturating_sub(t0.elapsed()));
+        let truth1: Vec<u64> = pids.iter().map(|(_, p)| schedstat_ns(*p)).collect();
+        let s1 = collector.collect().expect("collect");
+        let ws_file = file_working_set(&layout, &parent);
+        for (i, (kid, _)) in pids.iter().enumerate() {
+            if *kid == "mem" {
+                continue;
+            }
+            let path = format!("/{parent}/{kid}");
+            let c0 = find(&s0, &path).cpu.expect("cpu").0;
+            let c1 = find(&s1, &path).cpu.expect("cpu").0;
+            let got = (c1 - c0) as f64;
+            let want = (truth1[i] - truth0[i]) as f64;
+            let err = rel_err(got, want);
+            println!(
+                "accuracy: {source:8} cpu  {kid:4}: collector {:>12.0} ns, schedstat {:>12.0} ns, error {:+.3} %",
+                got,
+                want,
+                (got - want) / want * 100.0
+            );
+            checks += 1;
+            if err > TOLERANCE {
+                failures.push(format!("{source} cpu {kid}: error {:.3} %", err * 100.0));
+            }
+        }
+        let ws = find(&s1, &format!("/{parent}/mem"))
+            .memory
+            .expect("memory")
+            .working_set
+            .0;
+        let err = rel_err(ws as f64, ws_file as f64);
+        println!(
+            "accuracy: {source:8} working set mem: collector {ws} B, kernel files {ws_file} B, error {:+.3} %",
+            (ws as f64 - ws_file as f64) / ws_file as f64 * 100.0
+        );
+        checks += 1;
+        if err > TOLERANCE {
+            failures.push(format!("{source} working set: error {:.3} %", err * 100.0));
+        }
+        let min = ((TOUCH_MIB as u64) << 20) * 98 / 100;
+        checks += 1;
+        if ws < min {
+            failures.push(format!(
+                "{source} working set {ws} B below the {TOUCH_MIB} MiB touched"
+            ));
+        }
+    }
+
+    // Same answers from both collectors at (nearly) the same instant.
+    let a = ebpf.collect().expect("collect");
+    let b = fs.collect().expect("collect");
+    for kid in ["spin", "duty", "mem"] {
+        let path = format!("/{parent}/{kid}");
+        let (ea, fb) = (find(&a, &path), find(&b, &path));
+        checks += 1;
+        if ea.id != fb.id {
+            failures.push(format!(
+                "{path}: ids differ: ebpf {:?}, cgroupfs {:?}",
+                ea.id, fb.id
+            ));
+        }
+        let (ma, mb) = (ea.memory.expect("memory"), fb.memory.expect("memory"));
+        checks += 1;
+        if rel_err(ma.working_set.0 as f64, mb.working_set.0 as f64) > TOLERANCE {
+            failures.push(format!("{path}: working sets differ: {ma:?} vs {mb:?}"));
+        }
+        checks += 1;
+        if rel_err(ma.rss.0 as f64, mb.rss.0 as f64) > TOLERANCE {
+            failures.push(format!("{path}: rss differs: {ma:?} vs {mb:?}"));
+        }
+    }
+    checks += 1;
+    let (na, nb) = (
+        a.node.memory_working_set.0 as f64,
+        b.node.memory_working_set.0 as f64,
+    );
+    if rel_err(na, nb) > 0.05 {
+        failures.push(format!("node working set differs: {na} vs {nb}"));
+    }
+    assert_eq!(a.source, Source::Ebpf);
+    assert_eq!(b.source, Source::Cgroupfs);
+
+    // auto falls back to cgroupfs when the object cannot load, and says why.
+    let bogus = std::env::temp_dir().join(format!("kpulse-bogus-{}.o", std::process::id()));
+    std::fs::write(&bogus, b"not an ELF object").expect("write bogus object");
+    let (c, reason) = collect::select(Mode::Auto, scope.clone(), Some(&bogus)).expect("select");
+    checks += 1;
+    if c.source() != Source::Cgroupfs || reason.is_none() {
+        failures.push("auto did not fall back to cgroupfs with a reason".into());
+    }
+    drop(c);
+    checks += agent_binary_fallback(&bogus, &parent, &mut failures);
+    let _ = std::fs::remove_file(&bogus);
+
+    drop(ebpf);
+    drop(cg);
+    if !failures.is_empty() {
+        for f in &failures {
+            eprintln!("accuracy: FAILED: {f}");
+        }
+        panic!("{} accuracy checks failed", failures.len());
+    }
+    checks
+}
+
+/// `kpulse-agent dump --collector auto` with an unloadable object prints one WARN line
+/// naming the reason and still reports the cgroups, from cgroupfs.
+fn agent_binary_fallback(bogus: &Path, parent: &str, failures: &mut Vec<String>) -> usize {
+    let bin = std::env::var_os("KPULSE_AGENT_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kpulse-agent")));
+    let out = Command::new(&bin)
+        .args([
+            "dump",
+            "--count",
+            "1",
+            "--collector",
+            "auto",
+            "--cgroup-root",
+        ])
+        .arg(format!("/{parent}"))
+        .arg("--ebpf-object")
+        .arg(bogus)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", bin.display()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let warns: Vec<&str> = stderr.lines().filter(|l| l.contains("WARN")).collect();
+    let mut n = 0;
+    n += 1;
+    if !out.status.success() {
+        failures.push(format!("agent dump failed: {stderr}"));
+    }
+    n += 1;
+    if warns.len() != 1 || !warns[0].contains("eBPF collector unavailable") {
+        failures.push(format!(
+            "expected one WARN line about the fallback, got: {stderr}"
+        ));
+    }
+    n += 1;
+    let spin = format!("\"path\":\"/{parent}/spin\"");
+    if !stdout
+        .lines()
+        .any(|l| l.contains(&spin) && l.contains("\"collector\":\"cgroupfs\""))
+    {
+        failures.push(format!(
+            "fallback dump lacks {spin} from cgroupfs: {stdout}"
+        ));
+    }
+    n
+}
+
+fn kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// No cgroup, process or BPF program of this test remains.
+fn leftover_check() -> Result<(), String> {
+    let layout = Layout::detect().map_err(|e| e.to_string())?;
+    let parent = format!("kpulse-acc-{}", std::process::id());
+    for m in [layout.cpu_mount(), layout.memory_mount()] {
+        if m.join(&parent).exists() {
+            return Err(format!("cgroup {}", m.join(&parent).display()));
+        }
+    }
+    for p in aya::programs::loaded_programs() {
+        let Ok(info) = p else { continue };
+        if info.name_as_str() == Some("cgroup_stats") {
+            // Another agent on this machine may legitimately run one; ours is gone if
+            // no program is owned by a link or fd of this process.
+            let fds = std::fs::read_dir("/proc/self/fd").map_err(|e| e.to_string())?;
+            for fd in fds.flatten() {
+                let target = std::fs::read_link(fd.path()).unwrap_or_default();
+                if target.to_string_lossy().contains("bpf-prog")
+                    || target.to_string_lossy().contains("bpf_link")
+                {
+                    return Err(format!("BPF fd {} still open", target.display()));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs inside a test cgroup: `workload <kind> <cgroup.procs files...>`.
+fn workload(args: &[String]) {
+    let kind = args.first().map(String::as_str).unwrap_or("");
+    for f in &args[1.min(args.len())..] {
+        std::fs::write(f, "0").unwrap_or_else(|e| panic!("join {f}: {e}"));
+    }
+    match kind {
+        "spin" => {
+            pin_to_cpu(0);
+            ready();
+            loop {
+                std::hint::spin_loop();
+            }
+        }
+        "duty" => {
+            ready();
+            loop {
+                let t = Instant::now();
+                while t.elapsed() < Duration::from_millis(10) {
+                    std::hint::spin_loop();
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        "touch" => {
+            let mut mem = vec![0u8; TOUCH_MIB << 20];
+            for i in (0..mem.len()).step_by(4096) {
+                mem[i] = 1;
+            }
+            // Some page cache too, so that inactive_file is not trivially zero.
+            let path = std::env::temp_dir().join(format!("kpulse-cache-{}", std::process::id()));
+            let file = std::fs::File::create(&path);
+            if let Ok(mut f) = file.as_ref() {
+                let chunk = vec![7u8; 1 << 20];
+                for _ in 0..CACHE_MIB {
+                    let _ = f.write_all(&chunk);
+                }
+                let _ = f.sync_all();
+            }
+            let _ = std::fs::read(&path);
+            // Unlinked but open: the page cache stays charged and nothing is left behind.
+            let _ = std::fs::remove_file(&path);
+            ready();
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+                std::hint::black_box((&mem, &file));
+            }
+        }
+        other => panic!("unknown workload {other:?}"),
+    }
+}
+
+fn ready() {
+    println!("ready");
+    let _ = std::io::stdout().flush();
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it.
+    #[allow(unsafe_code)]
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}

@@ -205,6 +205,8 @@ pub struct EbpfCollector {
     mem_link: Option<IterLink>,
     page: u64,
     records: Vec<CgroupRecord>,
+    mem_records: Vec<CgroupRecord>,
+    dropped: u64,
     /// Directories whose `cpu.stat` read flushes the subtree's CPU statistics.
     flush_dirs: Vec<std::path::PathBuf>,
 }
@@ -214,7 +216,8 @@ impl EbpfCollector {
     /// subtrees. Any error is a reason to fall back.
     pub fn new(scope: Scope, object: Option<&Path>) -> Result<EbpfCollector, CollectError> {
         let bytes = crate::probe::object_bytes(object)?;
-        let iter = CgroupIter::load(&bytes)?;
+        let cap = u32::try_from(scope.max_cgroups).unwrap_or(u32::MAX);
+        let iter = CgroupIter::load(&bytes, cap)?;
         let cpu_root = cgroupfs::join_rel(scope.layout.cpu_mount(), &scope.root);
         let cpu_link = iter.link(&cpu_root)?;
         let mem_link = match &scope.layout {
@@ -230,10 +233,17 @@ impl EbpfCollector {
             mem_link,
             page: page_size(),
             records: Vec::new(),
+            mem_records: Vec::new(),
+            dropped: 0,
             flush_dirs: Vec::new(),
         };
         c.refresh_flush_dirs()?;
         Ok(c)
+    }
+
+    /// Cgroups dropped so far because there were more than `max_cgroups`.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 
     /// The kernel layout in use (offsets), for logs.
@@ -355,7 +365,8 @@ impl Collector for EbpfCollector {
         let root_rel = cgroupfs::normalise_rel(&self.scope.root);
         let max = self.scope.max_cgroups;
         let mut records = std::mem::take(&mut self.records);
-        self.cpu_link.read(&mut records)?;
+        let stats = self.iter.walk(&self.cpu_link, &mut records)?;
+        self.dropped += stats.dropped;
         let cpu_abs = self.cpu_link.dir().to_path_buf();
         let mut out: Vec<CgroupSample> = Vec::with_capacity(records.len().min(max));
         let mut root_inactive = None;
@@ -386,9 +397,10 @@ impl Collector for EbpfCollector {
                 memory,
             });
         }
-        if let Some(link) = self.mem_link.as_mut() {
-            let mut mrecs = Vec::new();
-            link.read(&mut mrecs)?;
+        let mut mrecs = std::mem::take(&mut self.mem_records);
+        if let Some(link) = self.mem_link.as_ref() {
+            let stats = self.iter.walk(link, &mut mrecs)?;
+            self.dropped += stats.dropped;
             let mem_abs = link.dir().to_path_buf();
             let index: HashMap<String, usize> = out
                 .iter()
@@ -414,6 +426,7 @@ impl Collector for EbpfCollector {
             }
         }
         self.records = records;
+        self.mem_records = mrecs;
         let node = node_totals(&self.scope.layout, root_inactive)?;
         if let Some(root) = out.iter_mut().find(|c| c.path == "/") {
             root.cpu = Some(node.cpu);

@@ -253,7 +253,7 @@ impl Kbtf<'_> {
             }
             ty = Some(t);
         }
-        if bits % 8 != 0 {
+        if !bits.is_multiple_of(8) {
             return Err(LayoutError::Unexpected(format!(
                 "{s}.{} is a bitfield",
                 path.join(".")

@@ -122,10 +122,8 @@ impl Layout {
                 memory,
             }),
             (Some((mount, controllers)), None, None) => {
-                if !controllers.is_empty()
-                    && !(controllers.iter().any(|c| c == "memory")
-                        && controllers.iter().any(|c| c == "cpu"))
-                {
+                let has = |name: &str| controllers.iter().any(|c| c == name);
+                if !controllers.is_empty() && (!has("memory") || !has("cpu")) {
                     return Err(LayoutError::Unsupported(format!(
                         "cgroup2 at {} lacks the cpu/memory controllers ({}) and no v1 hierarchy has them",
                         mount.display(),

@@ -14,7 +14,7 @@ use aya::{
     programs::{BtfTracePoint, Iter},
     Btf, Ebpf, EbpfLoader,
 };
-use kpulse_common::{globals, CgroupRecord, RECORD_VERSION};
+use kpulse_common::{globals, CgroupRecord, WalkEnd, RECORDS_MAP, RECORD_VERSION};
 
 use crate::kernel_layout::{KernelLayout, LayoutError};
 
@@ -88,10 +88,41 @@ pub enum ProbeError {
     },
 }
 
-/// The loaded `cgroup_stats` iterator program.
+/// The loaded `cgroup_stats` iterator program and its records map, mapped read-only.
 pub struct CgroupIter {
     ebpf: Ebpf,
     layout: KernelLayout,
+    records: RecordsMap,
+    buf: Vec<u8>,
+}
+
+/// The `BPF_F_MMAPABLE` records array, mapped into this process.
+struct RecordsMap {
+    ptr: *const CgroupRecord,
+    len: usize,
+    bytes: usize,
+}
+
+// SAFETY: the mapping is read-only from this side and owned by one CgroupIter.
+unsafe impl Send for RecordsMap {}
+
+impl Drop for RecordsMap {
+    fn drop(&mut self) {
+        // SAFETY: ptr/bytes are exactly what mmap returned; nothing borrows the mapping
+        // past the CgroupIter that owns it.
+        unsafe {
+            libc::munmap(self.ptr as *mut libc::c_void, self.bytes);
+        }
+    }
+}
+
+/// What one walk saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalkStats {
+    /// Cgroups the kernel visited.
+    pub visited: u64,
+    /// Of those, the ones the map could not hold (dropped).
+    pub dropped: u64,
 }
 
 impl std::fmt::Debug for CgroupIter {
@@ -136,7 +167,7 @@ fn loader_with_layout<'a>(loader: &mut EbpfLoader<'a>, l: &'a KernelLayout) {
 impl CgroupIter {
     /// Computes the kernel layout, loads the object and the `cgroup_stats` program.
     /// Every failure is a typed reason the caller can log before falling back.
-    pub fn load(object: &[u8]) -> Result<CgroupIter, ProbeError> {
+    pub fn load(object: &[u8], max_cgroups: u32) -> Result<CgroupIter, ProbeError> {
         if !Path::new(KERNEL_BTF).exists() {
             return Err(ProbeError::NoBtf);
         }
@@ -145,9 +176,11 @@ impl CgroupIter {
         let mut ebpf = {
             let mut loader = EbpfLoader::new();
             loader.btf(Some(&btf));
+            loader.map_max_entries(RECORDS_MAP, max_cgroups.max(1));
             loader_with_layout(&mut loader, &layout);
             loader.load(object)?
         };
+        let records = map_records(&ebpf, max_cgroups.max(1))?;
         let prog: &mut Iter = ebpf
             .program_mut("cgroup_stats")
             .ok_or(ProbeError::MissingProgram("cgroup_stats"))?
@@ -161,7 +194,90 @@ impl CgroupIter {
                 name: "cgroup_stats",
                 source,
             })?;
-        Ok(CgroupIter { ebpf, layout })
+        Ok(CgroupIter {
+            ebpf,
+            layout,
+            records,
+            buf: vec![0; 4096],
+        })
+    }
+
+    /// How many records the map holds.
+    pub fn capacity(&self) -> usize {
+        self.records.len
+    }
+
+    /// Runs the iterator of `link` once and copies its records into `out` (cleared first).
+    pub fn walk(
+        &mut self,
+        link: &IterLink,
+        out: &mut Vec<CgroupRecord>,
+    ) -> Result<WalkStats, ProbeError> {
+        out.clear();
+        let what = || format!("cgroup iterator over {}", link.dir.display());
+        let fd = sys::iter_create(link.link.as_raw_fd()).map_err(|source| ProbeError::Syscall {
+            call: "BPF_ITER_CREATE",
+            what: what(),
+            source,
+        })?;
+        let mut file = File::from(fd);
+        let mut got = 0usize;
+        loop {
+            if got == self.buf.len() {
+                return Err(ProbeError::Output(format!(
+                    "{}: more output than expected",
+                    what()
+                )));
+            }
+            match file.read(&mut self.buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    return Err(ProbeError::Syscall {
+                        call: "read",
+                        what: what(),
+                        source,
+                    })
+                }
+            }
+        }
+        if got != std::mem::size_of::<WalkEnd>() {
+            return Err(ProbeError::Output(format!(
+                "{}: {got} bytes of output, expected one {}-byte walk summary",
+                what(),
+                std::mem::size_of::<WalkEnd>()
+            )));
+        }
+        // SAFETY: WalkEnd is plain old data of exactly `got` bytes; unaligned read.
+        let end = unsafe { std::ptr::read_unaligned(self.buf.as_ptr().cast::<WalkEnd>()) };
+        if end.version != RECORD_VERSION {
+            return Err(version_mismatch(end.version));
+        }
+        let visited = end.count;
+        let held = usize::try_from(visited)
+            .unwrap_or(usize::MAX)
+            .min(self.records.len);
+        out.reserve(held);
+        for i in 0..held {
+            // SAFETY: i < len, inside the mapping; records are plain old data, and the walk
+            // that wrote them finished before read() returned end of file.
+            let r = unsafe { std::ptr::read_volatile(self.records.ptr.add(i)) };
+            if r.version != RECORD_VERSION {
+                return Err(version_mismatch(r.version));
+            }
+            if r.session != end.session {
+                return Err(ProbeError::Output(format!(
+                    "{}: record {i} belongs to another walk",
+                    what()
+                )));
+            }
+            out.push(r);
+        }
+        Ok(WalkStats {
+            visited,
+            dropped: visited - held as u64,
+        })
     }
 
     /// The offsets in use.
@@ -203,21 +319,15 @@ impl CgroupIter {
         Ok(IterLink {
             link,
             dir: dir.to_path_buf(),
-            buf: vec![0; READ_CHUNK],
         })
     }
 }
-
-/// Bytes asked for in one read of the iterator (the kernel fills up to a page per
-/// `seq_file` round; large reads keep the syscall count low).
-const READ_CHUNK: usize = 1 << 20;
 
 /// An attached cgroup iterator over one subtree.
 #[derive(Debug)]
 pub struct IterLink {
     link: OwnedFd,
     dir: PathBuf,
-    buf: Vec<u8>,
 }
 
 impl IterLink {
@@ -225,74 +335,49 @@ impl IterLink {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
-
-    /// Runs the iterator once and decodes its records into `out` (cleared first).
-    pub fn read(&mut self, out: &mut Vec<CgroupRecord>) -> Result<(), ProbeError> {
-        out.clear();
-        let fd = sys::iter_create(self.link.as_raw_fd()).map_err(|source| ProbeError::Syscall {
-            call: "BPF_ITER_CREATE",
-            what: self.dir.display().to_string(),
-            source,
-        })?;
-        let mut file = File::from(fd);
-        let rec_size = std::mem::size_of::<CgroupRecord>();
-        let mut pending: Vec<u8> = Vec::new();
-        loop {
-            let n = match file.read(&mut self.buf) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(source) => {
-                    return Err(ProbeError::Syscall {
-                        call: "read",
-                        what: format!("cgroup iterator over {}", self.dir.display()),
-                        source,
-                    })
-                }
-            };
-            if n == 0 {
-                break;
-            }
-            let mut chunk = &self.buf[..n];
-            if !pending.is_empty() {
-                let need = rec_size - pending.len();
-                let take = need.min(chunk.len());
-                pending.extend_from_slice(&chunk[..take]);
-                chunk = &chunk[take..];
-                if pending.len() == rec_size {
-                    out.push(decode(&pending)?);
-                    pending.clear();
-                }
-            }
-            let whole = chunk.len() / rec_size * rec_size;
-            for r in chunk[..whole].chunks_exact(rec_size) {
-                out.push(decode(r)?);
-            }
-            pending.extend_from_slice(&chunk[whole..]);
-        }
-        if !pending.is_empty() {
-            return Err(ProbeError::Output(format!(
-                "{} trailing bytes (records are {rec_size} bytes)",
-                pending.len()
-            )));
-        }
-        Ok(())
-    }
 }
 
-fn decode(bytes: &[u8]) -> Result<CgroupRecord, ProbeError> {
-    if bytes.len() != std::mem::size_of::<CgroupRecord>() {
-        return Err(ProbeError::Output("short record".into()));
+fn version_mismatch(v: u32) -> ProbeError {
+    ProbeError::Output(format!(
+        "record version {v} (this agent reads {RECORD_VERSION}): agent and eBPF object differ"
+    ))
+}
+
+fn map_records(ebpf: &Ebpf, len: u32) -> Result<RecordsMap, ProbeError> {
+    let map = ebpf
+        .map(RECORDS_MAP)
+        .ok_or(ProbeError::MissingProgram("CGROUP_RECORDS"))?;
+    let aya::maps::Map::Array(data) = map else {
+        return Err(ProbeError::Output(format!("{RECORDS_MAP} is not an array")));
+    };
+    let len = len as usize;
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let bytes = (len * std::mem::size_of::<CgroupRecord>()).div_ceil(page) * page;
+    // SAFETY: mapping a BPF_F_MMAPABLE array read-only and shared; the kernel checks the
+    // length against the map, and the result is checked before use.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            data.fd().as_fd().as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(ProbeError::Syscall {
+            call: "mmap",
+            what: RECORDS_MAP.into(),
+            source: std::io::Error::last_os_error(),
+        });
     }
-    // SAFETY: CgroupRecord is plain old data (integers and bytes, any bit pattern is
-    // valid) and `bytes` has exactly its size; read_unaligned copes with any alignment.
-    let rec = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<CgroupRecord>()) };
-    if rec.version != RECORD_VERSION {
-        return Err(ProbeError::Output(format!(
-            "record version {} (this agent reads {RECORD_VERSION}): agent and eBPF object differ",
-            rec.version
-        )));
-    }
-    Ok(rec)
+    Ok(RecordsMap {
+        ptr: ptr as *const CgroupRecord,
+        len,
+        bytes,
+    })
 }
 
 /// The scheduler-path program, for measurements only (see docs/design/collection.md).

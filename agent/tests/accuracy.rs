@@ -84,7 +84,7 @@ fn preflight() -> Result<(), String> {
     }
     let bytes = kpulse_agent::probe::object_bytes(object_override().as_deref())
         .map_err(|e| e.to_string())?;
-    kpulse_agent::probe::CgroupIter::load(&bytes)
+    kpulse_agent::probe::CgroupIter::load(&bytes, 64)
         .map(drop)
         .map_err(|e| format!("eBPF cannot load here: {e}"))
 }

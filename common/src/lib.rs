@@ -7,7 +7,11 @@
 #![no_std]
 
 /// Version of [`CgroupRecord`]'s layout. The agent refuses records of another version.
-pub const RECORD_VERSION: u32 = 1;
+pub const RECORD_VERSION: u32 = 2;
+
+/// Name of the `BPF_F_MMAPABLE` array the iterator fills: record `i` of a walk is the
+/// `i`-th cgroup visited. Its size is set by the loader (`--max-cgroups`).
+pub const RECORDS_MAP: &str = "CGROUP_RECORDS";
 
 /// Bytes of a cgroup's directory name carried in a record (NUL-terminated).
 /// Longer names are flagged with [`FLAG_NAME_TRUNCATED`] and resolved by user space.
@@ -21,8 +25,12 @@ pub const FLAG_NAME_TRUNCATED: u32 = 1 << 1;
 /// A kernel read failed for one of the fields; user space drops the record and counts it.
 pub const FLAG_READ_ERROR: u32 = 1 << 2;
 
-/// One cgroup as seen by the `iter/cgroup` program `cgroup_stats`, written with
-/// `bpf_seq_write` in pre-order (a parent always precedes its children).
+/// One cgroup as seen by the `iter/cgroup` program `cgroup_stats`, stored at index
+/// `seq_num` of [`RECORDS_MAP`] in pre-order (a parent always precedes its children).
+///
+/// The kernel's cgroup iterator cannot resume a walk across `read()` calls and its
+/// `seq_file` holds 8 pages, so records go to a map, not to the iterator's output; the
+/// output is one [`WalkEnd`] per walk.
 ///
 /// All counters are the kernel's own, copied without arithmetic:
 /// - `cpu_usage_ns`: `cgroup->bstat.cputime.sum_exec_runtime`, the hierarchical CPU time
@@ -37,6 +45,8 @@ pub struct CgroupRecord {
     pub version: u32,
     /// `FLAG_*` bits.
     pub flags: u32,
+    /// The iterator session that wrote this record (`bpf_iter_meta.session_id`).
+    pub session: u64,
     /// cgroup id: the kernfs node id, equal to the directory's inode number.
     pub id: u64,
     /// Parent cgroup's id; 0 for a hierarchy root.
@@ -55,10 +65,30 @@ pub struct CgroupRecord {
     pub name: [u8; NAME_LEN],
 }
 
+/// The only output of a walk, written when the iterator ends: how many cgroups it
+/// visited (records `0..count` of [`RECORDS_MAP`], as far as the map holds them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WalkEnd {
+    /// Layout version, [`RECORD_VERSION`].
+    pub version: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// The session, equal to every record's `session`.
+    pub session: u64,
+    /// Cgroups visited.
+    pub count: u64,
+}
+
 #[cfg(feature = "user")]
 // SAFETY: plain old data: integers and a byte array, no padding, any bit pattern valid.
 #[allow(unsafe_code)]
 unsafe impl aya::Pod for CgroupRecord {}
+
+#[cfg(feature = "user")]
+// SAFETY: plain old data: integers, no padding.
+#[allow(unsafe_code)]
+unsafe impl aya::Pod for WalkEnd {}
 
 /// Maximum number of cgroups tracked by the scheduler-path program's map.
 pub const SCHED_MAX_CGROUPS: u32 = 16_384;

@@ -16,18 +16,29 @@
 use core::ptr::read_volatile;
 
 use aya_ebpf::{
+    bindings::BPF_F_MMAPABLE,
     helpers::{
         bpf_get_current_cgroup_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
         bpf_probe_read_kernel_str_bytes, generated::bpf_seq_write,
     },
     macros::{btf_tracepoint, map},
-    maps::{PerCpuArray, PerCpuHashMap},
+    maps::{Array, PerCpuArray, PerCpuHashMap},
     programs::BtfTracePointContext,
 };
 use kpulse_common::{
-    CgroupRecord, FLAG_MEMCG, FLAG_NAME_TRUNCATED, FLAG_READ_ERROR, NAME_LEN, RECORD_VERSION,
-    SCHED_MAX_CGROUPS,
+    CgroupRecord, WalkEnd, FLAG_MEMCG, FLAG_NAME_TRUNCATED, FLAG_READ_ERROR, NAME_LEN,
+    RECORD_VERSION, SCHED_MAX_CGROUPS,
 };
+
+/// Objects visited so far in session [`WALK_SESSION`]: at the final call `seq_num` is
+/// the last object's index, which cannot tell one object from none.
+static mut WALK_VISITED: u64 = 0;
+/// The session [`WALK_VISITED`] counts.
+static mut WALK_SESSION: u64 = 0;
+
+/// Records of the current walk, indexed by visit order. The loader sets the size.
+#[map]
+static CGROUP_RECORDS: Array<CgroupRecord> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
 // Offsets into kernel structs, written by the loader (see kpulse_common::globals).
 #[no_mangle]
@@ -91,38 +102,62 @@ pub struct IterMeta {
     pub seq_num: u64,
 }
 
-/// Iterator over a cgroup hierarchy; one [`CgroupRecord`] per cgroup.
+/// Iterator over a cgroup hierarchy: record `seq_num` of [`CGROUP_RECORDS`] per cgroup,
+/// then one [`WalkEnd`] on the output when the walk is over.
 #[unsafe(link_section = "iter/cgroup")]
 #[no_mangle]
 pub extern "C" fn cgroup_stats(ctx: *const IterCgroupCtx) -> i32 {
     let ctx = unsafe { &*ctx };
+    let meta = unsafe { &*ctx.meta };
     let cgrp = ctx.cgroup;
     if cgrp == 0 {
-        // Final call of the session (no cgroup): nothing to write.
+        // Final call of the session: report how many cgroups were visited.
+        let end = WalkEnd {
+            version: RECORD_VERSION,
+            reserved: 0,
+            session: meta.session_id,
+            count: unsafe {
+                if core::ptr::read_volatile(&raw const WALK_SESSION) == meta.session_id {
+                    core::ptr::read_volatile(&raw const WALK_VISITED)
+                } else {
+                    0
+                }
+            },
+        };
+        unsafe {
+            bpf_seq_write(
+                meta.seq,
+                &end as *const WalkEnd as *const _,
+                core::mem::size_of::<WalkEnd>() as u32,
+            );
+        }
         return 0;
     }
-    let seq = unsafe { (*ctx.meta).seq };
-    let mut rec = CgroupRecord {
-        version: RECORD_VERSION,
-        flags: 0,
-        id: 0,
-        parent_id: 0,
-        level: 0,
-        cpu_usage_ns: 0,
-        memory_usage_pages: 0,
-        inactive_file_pages: 0,
-        anon_pages: 0,
-        name: [0; NAME_LEN],
-    };
-    if fill(cgrp, &mut rec).is_err() {
-        rec.flags |= FLAG_READ_ERROR;
-    }
     unsafe {
-        bpf_seq_write(
-            seq,
-            &rec as *const CgroupRecord as *const _,
-            core::mem::size_of::<CgroupRecord>() as u32,
-        );
+        core::ptr::write_volatile(&raw mut WALK_SESSION, meta.session_id);
+        core::ptr::write_volatile(&raw mut WALK_VISITED, meta.seq_num + 1);
+    }
+    if meta.seq_num >= u64::from(u32::MAX) {
+        return 0;
+    }
+    let Some(rec) = CGROUP_RECORDS.get_ptr_mut(meta.seq_num as u32) else {
+        // More cgroups than the map holds: user space sees count > capacity.
+        return 0;
+    };
+    let rec = unsafe { &mut *rec };
+    rec.version = RECORD_VERSION;
+    rec.flags = 0;
+    rec.session = meta.session_id;
+    rec.id = 0;
+    rec.parent_id = 0;
+    rec.level = 0;
+    rec.cpu_usage_ns = 0;
+    rec.memory_usage_pages = 0;
+    rec.inactive_file_pages = 0;
+    rec.anon_pages = 0;
+    rec.name[0] = 0;
+    if fill(cgrp, rec).is_err() {
+        rec.flags |= FLAG_READ_ERROR;
     }
     0
 }

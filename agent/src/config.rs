@@ -10,6 +10,9 @@ use crate::collect::Mode;
 /// Shortest accepted `--resolution`.
 pub const MIN_RESOLUTION: Duration = Duration::from_millis(100);
 
+/// Largest accepted `--max-cgroups` (about 200 MB of record map).
+pub const MAX_CGROUPS_LIMIT: usize = 1_000_000;
+
 /// kpulse node agent.
 #[derive(Debug, Parser)]
 #[command(name = "kpulse-agent", version, about)]
@@ -41,8 +44,8 @@ pub struct CollectArgs {
     /// Load the eBPF object from this file instead of the embedded one.
     #[arg(long, env = "KPULSE_EBPF_OBJECT")]
     pub ebpf_object: Option<PathBuf>,
-    /// Upper bound on cgroups reported per tick.
-    #[arg(long, env = "KPULSE_MAX_CGROUPS", default_value_t = 100_000)]
+    /// Upper bound on cgroups reported per tick (sizes the eBPF record map: 200 bytes each).
+    #[arg(long, env = "KPULSE_MAX_CGROUPS", default_value_t = 16_384)]
     pub max_cgroups: usize,
 }
 
@@ -72,8 +75,10 @@ impl CollectArgs {
                 humantime::format_duration(self.resolution)
             ));
         }
-        if self.max_cgroups == 0 {
-            errs.push("--max-cgroups must be at least 1".into());
+        if self.max_cgroups == 0 || self.max_cgroups > MAX_CGROUPS_LIMIT {
+            errs.push(format!(
+                "--max-cgroups must be between 1 and {MAX_CGROUPS_LIMIT}"
+            ));
         }
         if self.cgroup_root.split('/').any(|p| p == "..") {
             errs.push(format!(

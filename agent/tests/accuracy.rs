@@ -249,6 +249,7 @@ fn run() -> usize {
     };
     let mut ebpf =
         EbpfCollector::new(scope.clone(), object_override().as_deref()).expect("eBPF collector");
+    println!("accuracy: kernel layout {:?}", ebpf.kernel_layout());
     let mut fs = CgroupfsCollector::new(scope.clone());
     let mut checks = 0;
     let mut failures = Vec::new();
@@ -356,7 +357,14 @@ fn run() -> usize {
     let _ = std::fs::remove_file(&bogus);
 
     drop(ebpf);
+    let pids: Vec<u32> = pids.iter().map(|(_, p)| *p).collect();
     drop(cg);
+    checks += 1;
+    for pid in pids {
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            failures.push(format!("workload process {pid} still exists"));
+        }
+    }
     if !failures.is_empty() {
         for f in &failures {
             eprintln!("accuracy: FAILED: {f}");

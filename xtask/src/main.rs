@@ -3,6 +3,7 @@
 
 mod build_ebpf;
 mod exec;
+mod test;
 mod vm;
 
 use anyhow::Result;
@@ -19,6 +20,8 @@ struct Cli {
 enum Command {
     /// Check/install the eBPF toolchain, then build the programs in ebpf/.
     BuildEbpf(build_ebpf::Options),
+    /// Run every test: lints, host tests, accuracy on this kernel and in qemu VMs.
+    Test(test::Options),
     /// Boot Debian kernels (pure cgroup v2) in qemu and run a test binary inside.
     Vm(vm::Options),
 }
@@ -27,6 +30,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
+        Command::Test(opts) => test::run(&opts),
         Command::Vm(opts) => vm::run(&opts),
     }
 }

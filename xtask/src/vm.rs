@@ -273,7 +273,7 @@ pub fn run(opts: &Options) -> Result<()> {
     Ok(())
 }
 
-fn workspace_root() -> Result<PathBuf> {
+pub fn workspace_root() -> Result<PathBuf> {
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest_dir
         .parent()

@@ -1,0 +1,158 @@
+//! `cargo xtask test`: every test of the project, as CI runs it.
+//!
+//! 1. the eBPF toolchain and object (`build-ebpf --release`, installing what is missing);
+//! 2. `cargo fmt --check` and `cargo clippy --all-targets -D warnings`;
+//! 3. `cargo test` of the host workspace: unit tests, and the accuracy test against
+//!    this machine's kernel (real cgroups, processes and eBPF; root needed);
+//! 4. the accuracy test again inside qemu VMs booting Debian's 6.1 and 6.12 kernels with
+//!    pure cgroup v2.
+//!
+//! With `CI=true` nothing may skip: the accuracy test fails instead of skipping, and the
+//! VM stage cannot be turned off.
+
+use std::{path::PathBuf, process::Command, time::Duration};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{build_ebpf, exec, vm};
+
+/// `cargo xtask test` flags.
+#[derive(Debug, clap::Args)]
+pub struct Options {
+    /// Skip the qemu VM stage (refused when CI=true).
+    #[arg(long)]
+    pub no_vm: bool,
+    /// Only these kernels in the VM stage (default: all).
+    #[arg(long = "kernel")]
+    pub kernels: Vec<vm::Kernel>,
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Runs every stage; stops at the first failing one.
+pub fn run(opts: &Options) -> Result<()> {
+    let ci = in_ci();
+    if ci && opts.no_vm {
+        bail!("--no-vm is refused when CI=true: the VM kernels are part of the test suite");
+    }
+    let root = vm::workspace_root()?;
+    let mut passed = 0u32;
+
+    stage("eBPF toolchain and object");
+    build_ebpf::run(&build_ebpf::Options {
+        release: true,
+        no_install: false,
+    })?;
+    passed += 1;
+
+    stage("format and lints");
+    exec::run(cargo().current_dir(&root).args(["fmt", "--all", "--check"]))?;
+    exec::run(cargo().current_dir(&root).args([
+        "clippy",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    passed += 1;
+
+    stage("host tests (unit tests; accuracy on this kernel)");
+    exec::run(
+        cargo()
+            .current_dir(&root)
+            .args(["build", "-p", "kpulse-agent", "--bins"]),
+    )?;
+    exec::run(cargo().current_dir(&root).args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "kpulse-ebpf",
+    ]))?;
+    passed += 1;
+
+    if opts.no_vm {
+        println!("xtask test: VM stage skipped (--no-vm)");
+    } else {
+        stage("accuracy in qemu VMs (Debian kernels, pure cgroup v2)");
+        vm::ensure_prereqs()?;
+        let accuracy = test_executable(&root, "kpulse-agent", "accuracy")?;
+        let agent = root.join("target/debug/kpulse-agent");
+        let kernels: Vec<vm::Kernel> = if opts.kernels.is_empty() {
+            vm::Kernel::all().to_vec()
+        } else {
+            opts.kernels.clone()
+        };
+        let env = vec![
+            ("CI".to_string(), "true".to_string()),
+            (
+                "KPULSE_AGENT_BIN".to_string(),
+                "/kpulse/kpulse-agent".to_string(),
+            ),
+            ("RUST_BACKTRACE".to_string(), "1".to_string()),
+        ];
+        let files = vec![(agent, "/kpulse/kpulse-agent".to_string())];
+        let mut failed = Vec::new();
+        for k in kernels {
+            let outcome = vm::run_in_vm(
+                &root,
+                &vm::VmRun {
+                    kernel: k,
+                    exe: &accuracy,
+                    args: &[],
+                    env: &env,
+                    extra_files: &files,
+                    timeout: Duration::from_secs(600),
+                    memory_mib: 1024,
+                    cpus: 2,
+                },
+            )
+            .with_context(|| format!("VM run on kernel {k}"))?;
+            println!("--- kernel {k}: exit code {}", outcome.exit_code);
+            print!("{}", outcome.output);
+            if outcome.exit_code != 0 {
+                failed.push(k.to_string());
+            }
+        }
+        if !failed.is_empty() {
+            println!("stages: {passed} passed, 1 failed");
+            bail!("accuracy failed on kernel(s) {}", failed.join(", "));
+        }
+        passed += 1;
+    }
+    println!("stages: {passed} passed, 0 failed");
+    Ok(())
+}
+
+fn stage(name: &str) {
+    println!("\n==> xtask test: {name}");
+}
+
+/// Builds an integration test without running it and returns its executable.
+fn test_executable(root: &std::path::Path, package: &str, test: &str) -> Result<PathBuf> {
+    let out = exec::output(cargo().current_dir(root).args([
+        "test",
+        "--no-run",
+        "--message-format=json",
+        "-p",
+        package,
+        "--test",
+        test,
+    ]))?;
+    for line in out.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["reason"] == "compiler-artifact" && v["target"]["name"] == test {
+            if let Some(exe) = v["executable"].as_str() {
+                return Ok(PathBuf::from(exe));
+            }
+        }
+    }
+    bail!("cargo did not report an executable for test {test} of {package}")
+}

@@ -290,6 +290,29 @@ impl EbpfCollector {
     }
 }
 
+/// Walks `link`; a walk that visits nothing means the link's cgroup was removed (a link
+/// keeps the dead cgroup, not the path): link the path again once, else fail.
+fn walk_live(
+    iter: &mut CgroupIter,
+    link: &mut IterLink,
+    out: &mut Vec<CgroupRecord>,
+) -> Result<crate::probe::WalkStats, CollectError> {
+    let stats = iter.walk(link, out)?;
+    if stats.visited > 0 {
+        return Ok(stats);
+    }
+    *link = iter.link(link.dir())?;
+    let stats = iter.walk(link, out)?;
+    if stats.visited == 0 {
+        return Err(ProbeError::Output(format!(
+            "the cgroup {} is not live (removed while linked?)",
+            link.dir().display()
+        ))
+        .into());
+    }
+    Ok(stats)
+}
+
 /// Turns pre-ordered records into (path, record) pairs. Records whose parent is unknown
 /// (the walk raced with a removal) are skipped.
 fn with_paths<'r>(
@@ -365,7 +388,7 @@ impl Collector for EbpfCollector {
         let root_rel = cgroupfs::normalise_rel(&self.scope.root);
         let max = self.scope.max_cgroups;
         let mut records = std::mem::take(&mut self.records);
-        let stats = self.iter.walk(&self.cpu_link, &mut records)?;
+        let stats = walk_live(&mut self.iter, &mut self.cpu_link, &mut records)?;
         self.dropped += stats.dropped;
         let cpu_abs = self.cpu_link.dir().to_path_buf();
         let mut out: Vec<CgroupSample> = Vec::with_capacity(records.len().min(max));
@@ -398,8 +421,8 @@ impl Collector for EbpfCollector {
             });
         }
         let mut mrecs = std::mem::take(&mut self.mem_records);
-        if let Some(link) = self.mem_link.as_ref() {
-            let stats = self.iter.walk(link, &mut mrecs)?;
+        if let Some(link) = self.mem_link.as_mut() {
+            let stats = walk_live(&mut self.iter, link, &mut mrecs)?;
             self.dropped += stats.dropped;
             let mem_abs = link.dir().to_path_buf();
             let index: HashMap<String, usize> = out

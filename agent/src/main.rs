@@ -30,6 +30,13 @@ fn main() -> ExitCode {
     }
     match run_dump(&args) {
         Ok(()) => ExitCode::SUCCESS,
+        // `dump | head`: the reader went away; that is how a pipe ends, not a failure.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("kpulse-agent: {e:#}");
             ExitCode::FAILURE

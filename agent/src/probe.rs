@@ -264,7 +264,11 @@ impl CgroupIter {
             // that wrote them finished before read() returned end of file.
             let r = unsafe { std::ptr::read_volatile(self.records.ptr.add(i)) };
             if r.version != RECORD_VERSION {
-                return Err(version_mismatch(r.version));
+                return Err(ProbeError::Output(format!(
+                    "{}: record {i} of {visited}: {}",
+                    what(),
+                    version_mismatch(r.version)
+                )));
             }
             if r.session != end.session {
                 return Err(ProbeError::Output(format!(

@@ -97,6 +97,7 @@ fn object_override() -> Option<PathBuf> {
 struct TestCgroups {
     dirs: Vec<PathBuf>,
     children: Vec<Child>,
+    files: Vec<PathBuf>,
 }
 
 impl TestCgroups {
@@ -124,6 +125,7 @@ impl TestCgroups {
         TestCgroups {
             dirs,
             children: Vec::new(),
+            files: Vec::new(),
         }
     }
 
@@ -133,6 +135,40 @@ impl TestCgroups {
             .filter(|d| d.file_name().is_some_and(|n| n == kid))
             .map(|d| d.join("cgroup.procs"))
             .collect()
+    }
+
+    /// Makes cgroup `kid` a dying one: a process writes page cache charged to it and exits,
+    /// then the cgroup is removed while the cache (kept in a file) still pins its memcg.
+    /// The kernel keeps such cgroups on its lists, and the iterator walks past them.
+    fn make_dying(&mut self, kid: &str) {
+        let file = std::env::temp_dir().join(format!("kpulse-dying-{}", std::process::id()));
+        self.files.push(file.clone());
+        let exe = std::env::current_exe().expect("current_exe");
+        let mut cmd = Command::new(exe);
+        cmd.arg("workload").arg("pagecache").arg(&file);
+        for f in self.procs_files(kid) {
+            cmd.arg(f);
+        }
+        let status = cmd.status().expect("run pagecache workload");
+        assert!(status.success(), "pagecache workload failed: {status}");
+        let dirs: Vec<PathBuf> = self
+            .dirs
+            .iter()
+            .filter(|d| d.file_name().is_some_and(|n| n == kid))
+            .cloned()
+            .collect();
+        for d in dirs {
+            let mut removed = false;
+            for _ in 0..100 {
+                if std::fs::remove_dir(&d).is_ok() {
+                    removed = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(removed, "could not remove {}", d.display());
+            self.dirs.retain(|x| x != &d);
+        }
     }
 
     /// Starts `workload <kind>` of this executable inside cgroup `kid`; returns its pid
@@ -163,6 +199,9 @@ impl TestCgroups {
 
 impl Drop for TestCgroups {
     fn drop(&mut self) {
+        for f in &self.files {
+            let _ = std::fs::remove_file(f);
+        }
         for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
@@ -236,7 +275,8 @@ fn run() -> usize {
         layout.name(),
         kernel()
     );
-    let mut cg = TestCgroups::create(&layout, &parent, &["spin", "duty", "mem"]);
+    let mut cg = TestCgroups::create(&layout, &parent, &["spin", "duty", "mem", "gone"]);
+    cg.make_dying("gone");
     let pids = [
         ("spin", cg.spawn("spin", "spin")),
         ("duty", cg.spawn("duty", "duty")),
@@ -313,6 +353,24 @@ fn run() -> usize {
     // Same answers from both collectors at (nearly) the same instant.
     let a = ebpf.collect().expect("collect");
     let b = fs.collect().expect("collect");
+    checks += 1;
+    let gone = format!("/{parent}/gone");
+    if a.cgroups.iter().any(|c| c.path == gone) || b.cgroups.iter().any(|c| c.path == gone) {
+        failures.push(format!("removed cgroup {gone} reported"));
+    }
+    checks += 1;
+    let live = |s: &Snapshot| {
+        let mut v: Vec<&str> = s.cgroups.iter().map(|c| c.path.as_str()).collect();
+        v.sort();
+        v.join(" ")
+    };
+    if live(&a) != live(&b) {
+        failures.push(format!(
+            "collectors see different cgroups: ebpf [{}] cgroupfs [{}]",
+            live(&a),
+            live(&b)
+        ));
+    }
     for kid in ["spin", "duty", "mem"] {
         let path = format!("/{parent}/{kid}");
         let (ea, fb) = (find(&a, &path), find(&b, &path));
@@ -460,6 +518,15 @@ fn leftover_check() -> Result<(), String> {
 /// Runs inside a test cgroup: `workload <kind> <cgroup.procs files...>`.
 fn workload(args: &[String]) {
     let kind = args.first().map(String::as_str).unwrap_or("");
+    if kind == "pagecache" {
+        // `pagecache <file> <cgroup.procs files...>`: write 8 MiB of page cache, exit.
+        for f in &args[2.min(args.len())..] {
+            std::fs::write(f, "0").unwrap_or_else(|e| panic!("join {f}: {e}"));
+        }
+        let path = args.get(1).expect("pagecache needs a file");
+        std::fs::write(path, vec![3u8; 8 << 20]).expect("write page cache");
+        return;
+    }
     for f in &args[1.min(args.len())..] {
         std::fs::write(f, "0").unwrap_or_else(|e| panic!("join {f}: {e}"));
     }

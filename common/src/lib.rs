@@ -26,7 +26,7 @@ pub const FLAG_NAME_TRUNCATED: u32 = 1 << 1;
 pub const FLAG_READ_ERROR: u32 = 1 << 2;
 
 /// One cgroup as seen by the `iter/cgroup` program `cgroup_stats`, stored at index
-/// `seq_num` of [`RECORDS_MAP`] in pre-order (a parent always precedes its children).
+/// *i* of [`RECORDS_MAP`] for the *i*-th live cgroup visited, in pre-order (a parent always precedes its children).
 ///
 /// The kernel's cgroup iterator cannot resume a walk across `read()` calls and its
 /// `seq_file` holds 8 pages, so records go to a map, not to the iterator's output; the

@@ -30,8 +30,9 @@ use kpulse_common::{
     RECORD_VERSION, SCHED_MAX_CGROUPS,
 };
 
-/// Objects visited so far in session [`WALK_SESSION`]: at the final call `seq_num` is
-/// the last object's index, which cannot tell one object from none.
+/// Live cgroups visited so far in session [`WALK_SESSION`]. `seq_num` cannot serve: at the
+/// final call it is the last object's index (one object and none look alike), and it
+/// also counts dying cgroups, for which the kernel does not call the program.
 static mut WALK_VISITED: u64 = 0;
 /// The session [`WALK_VISITED`] counts.
 static mut WALK_SESSION: u64 = 0;
@@ -102,7 +103,7 @@ pub struct IterMeta {
     pub seq_num: u64,
 }
 
-/// Iterator over a cgroup hierarchy: record `seq_num` of [`CGROUP_RECORDS`] per cgroup,
+/// Iterator over a cgroup hierarchy: one record of [`CGROUP_RECORDS`] per live cgroup,
 /// then one [`WalkEnd`] on the output when the walk is over.
 #[unsafe(link_section = "iter/cgroup")]
 #[no_mangle]
@@ -133,14 +134,23 @@ pub extern "C" fn cgroup_stats(ctx: *const IterCgroupCtx) -> i32 {
         }
         return 0;
     }
+    // Dense index: the kernel also counts dying cgroups (skipped without calling us) in
+    // `seq_num`, so records are numbered by this program's own count of live ones.
+    let index = unsafe {
+        if core::ptr::read_volatile(&raw const WALK_SESSION) == meta.session_id {
+            core::ptr::read_volatile(&raw const WALK_VISITED)
+        } else {
+            0
+        }
+    };
     unsafe {
         core::ptr::write_volatile(&raw mut WALK_SESSION, meta.session_id);
-        core::ptr::write_volatile(&raw mut WALK_VISITED, meta.seq_num + 1);
+        core::ptr::write_volatile(&raw mut WALK_VISITED, index + 1);
     }
-    if meta.seq_num >= u64::from(u32::MAX) {
+    if index >= u64::from(u32::MAX) {
         return 0;
     }
-    let Some(rec) = CGROUP_RECORDS.get_ptr_mut(meta.seq_num as u32) else {
+    let Some(rec) = CGROUP_RECORDS.get_ptr_mut(index as u32) else {
         // More cgroups than the map holds: user space sees count > capacity.
         return 0;
     };

@@ -164,8 +164,9 @@ pub struct Dir {
 }
 
 /// Walks the cgroup tree below `mount`+`root` (inclusive), parents first. Directories
-/// that vanish during the walk are skipped. Bounded by `max` entries.
-pub fn walk(mount: &Path, root: &str, max: usize) -> Result<Vec<Dir>, FsError> {
+/// that vanish during the walk are skipped. Bounded by `max` entries; the second value
+/// is how many more were seen and left out (a lower bound: the walk stops descending).
+pub fn walk(mount: &Path, root: &str, max: usize) -> Result<(Vec<Dir>, u64), FsError> {
     let abs_root = join_rel(mount, root);
     let meta = std::fs::metadata(&abs_root).map_err(|source| FsError::Read {
         path: abs_root.clone(),
@@ -207,9 +208,10 @@ pub fn walk(mount: &Path, root: &str, max: usize) -> Result<Vec<Dir>, FsError> {
         children.sort_by(|a, b| a.rel.cmp(&b.rel));
         out.extend(children);
     }
-    // Breadth-first above; re-sort into a parents-first order that is stable by path.
+    // Breadth-first: parents before children, siblings by name.
+    let dropped = out.len().saturating_sub(max) as u64;
     out.truncate(max);
-    Ok(out)
+    Ok((out, dropped))
 }
 
 /// `/a/b` style relative path: leading slash, no trailing slash, `/` for the root.
@@ -272,11 +274,13 @@ mod tests {
         std::fs::create_dir_all(dir.join("a/b")).expect("mkdir");
         std::fs::create_dir_all(dir.join("c")).expect("mkdir");
         std::fs::write(dir.join("a/file"), "x").expect("write");
-        let w = walk(&dir, "/", 100).expect("walk");
+        let (w, dropped) = walk(&dir, "/", 100).expect("walk");
+        assert_eq!(dropped, 0);
         let rels: Vec<&str> = w.iter().map(|d| d.rel.as_str()).collect();
         assert_eq!(rels, ["/", "/a", "/c", "/a/b"]);
-        let w = walk(&dir, "/", 2).expect("walk");
+        let (w, dropped) = walk(&dir, "/", 2).expect("walk");
         assert_eq!(w.len(), 2);
+        assert_eq!(dropped, 1, "/a/b was seen and left out... and /c");
         assert!(walk(&dir, "/missing", 10).is_err());
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }

@@ -136,7 +136,7 @@ impl Collector for CgroupfsCollector {
         let s = &self.scope;
         let timestamp = sample::now();
         let mut out: Vec<CgroupSample> = Vec::new();
-        let cpu_dirs = cgroupfs::walk(s.layout.cpu_mount(), &s.root, s.max_cgroups)?;
+        let (cpu_dirs, mut dropped) = cgroupfs::walk(s.layout.cpu_mount(), &s.root, s.max_cgroups)?;
         for d in &cpu_dirs {
             let cpu = match cgroupfs::cpu_stat_usage(&d.abs) {
                 Ok(c) => Some(c),
@@ -164,7 +164,9 @@ impl Collector for CgroupfsCollector {
                 .enumerate()
                 .map(|(i, c)| (c.path.clone(), i))
                 .collect();
-            for d in cgroupfs::walk(memory, &s.root, s.max_cgroups)? {
+            let (mem_dirs, mem_dropped) = cgroupfs::walk(memory, &s.root, s.max_cgroups)?;
+            dropped += mem_dropped;
+            for d in mem_dirs {
                 if d.rel == "/" {
                     continue;
                 }
@@ -181,7 +183,7 @@ impl Collector for CgroupfsCollector {
                         cpu: None,
                         memory: Some(m),
                     }),
-                    None => {}
+                    None => dropped += 1,
                 }
             }
         }
@@ -191,6 +193,7 @@ impl Collector for CgroupfsCollector {
             source: Source::Cgroupfs,
             cgroups: out,
             node,
+            dropped,
         })
     }
 }
@@ -389,15 +392,15 @@ impl Collector for EbpfCollector {
         let max = self.scope.max_cgroups;
         let mut records = std::mem::take(&mut self.records);
         let stats = walk_live(&mut self.iter, &mut self.cpu_link, &mut records)?;
-        self.dropped += stats.dropped;
+        let mut dropped = stats.dropped;
         let cpu_abs = self.cpu_link.dir().to_path_buf();
         let mut out: Vec<CgroupSample> = Vec::with_capacity(records.len().min(max));
         let mut root_inactive = None;
         let hybrid = self.mem_link.is_some();
-        for (path, r) in with_paths(&records, &root_rel, &cpu_abs)
-            .into_iter()
-            .take(max)
-        {
+        let cpu_paths = with_paths(&records, &root_rel, &cpu_abs);
+        dropped += (records.len() - cpu_paths.len()) as u64;
+        dropped += cpu_paths.len().saturating_sub(max) as u64;
+        for (path, r) in cpu_paths.into_iter().take(max) {
             let hierarchy_root = path == "/";
             let cpu = if hierarchy_root {
                 // Root CPU time is kernel-wide (kcpustat), read below with the node totals.
@@ -423,14 +426,16 @@ impl Collector for EbpfCollector {
         let mut mrecs = std::mem::take(&mut self.mem_records);
         if let Some(link) = self.mem_link.as_mut() {
             let stats = walk_live(&mut self.iter, link, &mut mrecs)?;
-            self.dropped += stats.dropped;
+            dropped += stats.dropped;
             let mem_abs = link.dir().to_path_buf();
             let index: HashMap<String, usize> = out
                 .iter()
                 .enumerate()
                 .map(|(i, c)| (c.path.clone(), i))
                 .collect();
-            for (path, r) in with_paths(&mrecs, &root_rel, &mem_abs) {
+            let mem_paths = with_paths(&mrecs, &root_rel, &mem_abs);
+            dropped += (mrecs.len() - mem_paths.len()) as u64;
+            for (path, r) in mem_paths {
                 if path == "/" {
                     root_inactive = self.memory_of(r).map(|m| m.inactive_file);
                     continue;
@@ -444,7 +449,7 @@ impl Collector for EbpfCollector {
                         cpu: None,
                         memory: m,
                     }),
-                    None => {}
+                    None => dropped += 1,
                 }
             }
         }
@@ -454,11 +459,13 @@ impl Collector for EbpfCollector {
         if let Some(root) = out.iter_mut().find(|c| c.path == "/") {
             root.cpu = Some(node.cpu);
         }
+        self.dropped += dropped;
         Ok(Snapshot {
             timestamp,
             source: Source::Ebpf,
             cgroups: out,
             node,
+            dropped,
         })
     }
 }

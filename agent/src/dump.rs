@@ -98,8 +98,21 @@ pub fn run(
 ) -> anyhow::Result<()> {
     let start = Instant::now();
     let mut tick: u64 = 0;
+    let mut last_dropped = 0;
     loop {
         let snap = collector.collect()?;
+        if snap.dropped != last_dropped {
+            // Log changes, not ticks.
+            if snap.dropped > 0 {
+                tracing::warn!(
+                    dropped = snap.dropped,
+                    "cgroups left out of this tick (--max-cgroups, or unreadable)"
+                );
+            } else {
+                tracing::info!("all cgroups reported again");
+            }
+            last_dropped = snap.dropped;
+        }
         write_snapshot(out, &snap)?;
         tick += 1;
         if count != 0 && tick >= count {
@@ -184,6 +197,7 @@ mod tests {
                 cpu: CpuNanos(5),
                 memory_working_set: Bytes(6),
             },
+            dropped: 0,
         };
         let mut out = Vec::new();
         write_snapshot(&mut out, &snap).expect("write");

@@ -101,6 +101,10 @@ pub struct Snapshot {
     pub cgroups: Vec<CgroupSample>,
     /// Node totals.
     pub node: NodeSample,
+    /// Cgroups seen this cycle but not reported, because of `--max-cgroups` or because
+    /// a kernel read failed (exact for eBPF; a lower bound for cgroupfs, which stops
+    /// descending at the bound).
+    pub dropped: u64,
 }
 
 /// Reads CLOCK_REALTIME.

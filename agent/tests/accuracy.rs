@@ -402,6 +402,31 @@ fn run() -> usize {
     assert_eq!(a.source, Source::Ebpf);
     assert_eq!(b.source, Source::Cgroupfs);
 
+    // --max-cgroups bounds what is reported, and the rest is counted, never silently lost.
+    let small = Scope {
+        max_cgroups: 2,
+        ..scope.clone()
+    };
+    let mut small_ebpf =
+        EbpfCollector::new(small.clone(), object_override().as_deref()).expect("eBPF collector");
+    let mut small_fs = CgroupfsCollector::new(small);
+    for c in [
+        &mut small_ebpf as &mut dyn Collector,
+        &mut small_fs as &mut dyn Collector,
+    ] {
+        let snap = c.collect().expect("collect");
+        checks += 1;
+        if snap.cgroups.len() != 2 || snap.dropped < 2 {
+            failures.push(format!(
+                "{}: max_cgroups 2 gave {} cgroups, {} dropped",
+                snap.source,
+                snap.cgroups.len(),
+                snap.dropped
+            ));
+        }
+    }
+    drop(small_ebpf);
+
     // auto falls back to cgroupfs when the object cannot load, and says why.
     let bogus = std::env::temp_dir().join(format!("kpulse-bogus-{}.o", std::process::id()));
     std::fs::write(&bogus, b"not an ELF object").expect("write bogus object");

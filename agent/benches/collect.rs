@@ -297,7 +297,7 @@ fn accuracy_vs_sched(layout: &Layout, _object: &[u8], sched: &SchedSwitch) {
             .expect("collect")
             .cgroups
             .iter()
-            .find(|s| s.path == path)
+            .find(|s| *s.path == *path)
             .and_then(|s| s.cpu)
             .expect("cpu")
             .0

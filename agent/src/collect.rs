@@ -2,7 +2,7 @@
 //! trait: [`EbpfCollector`] (the `iter/cgroup` program) and [`CgroupfsCollector`]
 //! (reading files), chosen by [`select`].
 
-use std::{collections::HashMap, os::unix::fs::MetadataExt, path::Path};
+use std::{collections::HashMap, os::unix::fs::MetadataExt, path::Path, sync::Arc};
 
 use kpulse_common::{CgroupRecord, FLAG_MEMCG, FLAG_NAME_TRUNCATED, FLAG_READ_ERROR};
 
@@ -152,14 +152,14 @@ impl Collector for CgroupfsCollector {
                 _ => None,
             };
             out.push(CgroupSample {
-                path: d.rel.clone(),
+                path: d.rel.as_str().into(),
                 id: CgroupId(d.ino),
                 cpu,
                 memory,
             });
         }
         if let Layout::Hybrid { memory, .. } = &s.layout {
-            let index: HashMap<String, usize> = out
+            let index: HashMap<Arc<str>, usize> = out
                 .iter()
                 .enumerate()
                 .map(|(i, c)| (c.path.clone(), i))
@@ -175,10 +175,10 @@ impl Collector for CgroupfsCollector {
                     Err(e) if e.is_not_found() => continue,
                     Err(e) => return Err(e.into()),
                 };
-                match index.get(&d.rel) {
+                match index.get(d.rel.as_str()) {
                     Some(&i) => out[i].memory = Some(m),
                     None if out.len() < s.max_cgroups => out.push(CgroupSample {
-                        path: d.rel.clone(),
+                        path: d.rel.as_str().into(),
                         id: CgroupId(d.ino),
                         cpu: None,
                         memory: Some(m),
@@ -209,6 +209,8 @@ pub struct EbpfCollector {
     page: u64,
     records: Vec<CgroupRecord>,
     mem_records: Vec<CgroupRecord>,
+    cpu_paths: PathCache,
+    mem_paths: PathCache,
     dropped: u64,
     /// Directories whose `cpu.stat` read flushes the subtree's CPU statistics.
     flush_dirs: Vec<std::path::PathBuf>,
@@ -237,6 +239,8 @@ impl EbpfCollector {
             page: page_size(),
             records: Vec::new(),
             mem_records: Vec::new(),
+            cpu_paths: PathCache::default(),
+            mem_paths: PathCache::default(),
             dropped: 0,
             flush_dirs: Vec::new(),
         };
@@ -316,46 +320,97 @@ fn walk_live(
     Ok(stats)
 }
 
-/// Turns pre-ordered records into (path, record) pairs. Records whose parent is unknown
-/// (the walk raced with a removal) are skipped.
-fn with_paths<'r>(
-    records: &'r [CgroupRecord],
-    root_rel: &str,
-    abs_root: &Path,
-) -> Vec<(String, &'r CgroupRecord)> {
-    let mut paths: HashMap<u64, (String, std::path::PathBuf)> =
-        HashMap::with_capacity(records.len());
-    let mut out = Vec::with_capacity(records.len());
-    for (i, r) in records.iter().enumerate() {
-        if r.flags & FLAG_READ_ERROR != 0 {
-            continue;
-        }
-        let (rel, abs) = if i == 0 {
-            (root_rel.to_string(), abs_root.to_path_buf())
-        } else {
-            let Some((prel, pabs)) = paths.get(&r.parent_id) else {
+/// cgroup id → path, kept across ticks, so that a path is built once per cgroup rather
+/// than once per cgroup per tick. An entry is reused only while the cgroup keeps its
+/// parent, its name and its parent's path; entries not seen in a tick are evicted.
+#[derive(Debug, Default)]
+struct PathCache {
+    entries: HashMap<u64, CachedPath>,
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct CachedPath {
+    parent: u64,
+    name: Box<[u8]>,
+    parent_rel: Option<Arc<str>>,
+    rel: Arc<str>,
+    seen: u64,
+}
+
+impl PathCache {
+    /// Pairs pre-ordered records with their paths (relative to `mount`). Records whose
+    /// parent is unknown (the walk raced with a removal) or whose read failed are left out.
+    fn resolve<'r>(
+        &mut self,
+        records: &'r [CgroupRecord],
+        root_rel: &str,
+        mount: &Path,
+    ) -> Vec<(Arc<str>, &'r CgroupRecord)> {
+        self.generation += 1;
+        let generation = self.generation;
+        let mut out = Vec::with_capacity(records.len());
+        for (i, r) in records.iter().enumerate() {
+            if r.flags & FLAG_READ_ERROR != 0 {
                 continue;
-            };
-            let name = if r.flags & FLAG_NAME_TRUNCATED != 0 {
-                match name_by_inode(pabs, r.id) {
-                    Some(n) => n,
-                    None => continue,
+            }
+            let end = r.name.iter().position(|b| *b == 0).unwrap_or(r.name.len());
+            let raw = &r.name[..end];
+            let parent_rel = if i == 0 {
+                None
+            } else {
+                match self.entries.get(&r.parent_id) {
+                    Some(p) if p.seen == generation => Some(p.rel.clone()),
+                    _ => continue,
                 }
-            } else {
-                let end = r.name.iter().position(|b| *b == 0).unwrap_or(r.name.len());
-                String::from_utf8_lossy(&r.name[..end]).into_owned()
             };
-            let rel = if prel == "/" {
-                format!("/{name}")
-            } else {
-                format!("{prel}/{name}")
+            let hit = self.entries.get_mut(&r.id).filter(|e| {
+                e.parent == r.parent_id
+                    && *e.name == *raw
+                    && match (&e.parent_rel, &parent_rel) {
+                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                        (None, None) => &*e.rel == root_rel,
+                        _ => false,
+                    }
+            });
+            if let Some(e) = hit {
+                e.seen = generation;
+                out.push((e.rel.clone(), r));
+                continue;
+            }
+            let rel: Arc<str> = match &parent_rel {
+                None => root_rel.into(),
+                Some(prel) => {
+                    let name = if r.flags & FLAG_NAME_TRUNCATED != 0 {
+                        match name_by_inode(&cgroupfs::join_rel(mount, prel), r.id) {
+                            Some(n) => n,
+                            None => continue,
+                        }
+                    } else {
+                        String::from_utf8_lossy(raw).into_owned()
+                    };
+                    if &**prel == "/" {
+                        format!("/{name}").into()
+                    } else {
+                        format!("{prel}/{name}").into()
+                    }
+                }
             };
-            (rel, pabs.join(&name))
-        };
-        paths.insert(r.id, (rel.clone(), abs));
-        out.push((rel, r));
+            self.entries.insert(
+                r.id,
+                CachedPath {
+                    parent: r.parent_id,
+                    name: raw.into(),
+                    parent_rel,
+                    rel: rel.clone(),
+                    seen: generation,
+                },
+            );
+            out.push((rel, r));
+        }
+        self.entries.retain(|_, e| e.seen == generation);
+        out
     }
-    out
 }
 
 /// Finds a child directory of `parent` by inode (for names longer than the record holds).
@@ -393,15 +448,15 @@ impl Collector for EbpfCollector {
         let mut records = std::mem::take(&mut self.records);
         let stats = walk_live(&mut self.iter, &mut self.cpu_link, &mut records)?;
         let mut dropped = stats.dropped;
-        let cpu_abs = self.cpu_link.dir().to_path_buf();
+        let cpu_mount = self.scope.layout.cpu_mount().to_path_buf();
         let mut out: Vec<CgroupSample> = Vec::with_capacity(records.len().min(max));
         let mut root_inactive = None;
         let hybrid = self.mem_link.is_some();
-        let cpu_paths = with_paths(&records, &root_rel, &cpu_abs);
+        let cpu_paths = self.cpu_paths.resolve(&records, &root_rel, &cpu_mount);
         dropped += (records.len() - cpu_paths.len()) as u64;
         dropped += cpu_paths.len().saturating_sub(max) as u64;
         for (path, r) in cpu_paths.into_iter().take(max) {
-            let hierarchy_root = path == "/";
+            let hierarchy_root = &*path == "/";
             let cpu = if hierarchy_root {
                 // Root CPU time is kernel-wide (kcpustat), read below with the node totals.
                 None
@@ -427,16 +482,16 @@ impl Collector for EbpfCollector {
         if let Some(link) = self.mem_link.as_mut() {
             let stats = walk_live(&mut self.iter, link, &mut mrecs)?;
             dropped += stats.dropped;
-            let mem_abs = link.dir().to_path_buf();
-            let index: HashMap<String, usize> = out
+            let mem_mount = self.scope.layout.memory_mount().to_path_buf();
+            let index: HashMap<Arc<str>, usize> = out
                 .iter()
                 .enumerate()
                 .map(|(i, c)| (c.path.clone(), i))
                 .collect();
-            let mem_paths = with_paths(&mrecs, &root_rel, &mem_abs);
+            let mem_paths = self.mem_paths.resolve(&mrecs, &root_rel, &mem_mount);
             dropped += (mrecs.len() - mem_paths.len()) as u64;
             for (path, r) in mem_paths {
-                if path == "/" {
+                if &*path == "/" {
                     root_inactive = self.memory_of(r).map(|m| m.inactive_file);
                     continue;
                 }
@@ -456,7 +511,7 @@ impl Collector for EbpfCollector {
         self.records = records;
         self.mem_records = mrecs;
         let node = node_totals(&self.scope.layout, root_inactive)?;
-        if let Some(root) = out.iter_mut().find(|c| c.path == "/") {
+        if let Some(root) = out.iter_mut().find(|c| &*c.path == "/") {
             root.cpu = Some(node.cpu);
         }
         self.dropped += dropped;
@@ -467,5 +522,76 @@ impl Collector for EbpfCollector {
             node,
             dropped,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kpulse_common::{NAME_LEN, RECORD_VERSION};
+
+    fn rec(id: u64, parent: u64, name: &str) -> CgroupRecord {
+        let mut n = [0u8; NAME_LEN];
+        n[..name.len()].copy_from_slice(name.as_bytes());
+        CgroupRecord {
+            version: RECORD_VERSION,
+            flags: 0,
+            session: 1,
+            id,
+            parent_id: parent,
+            level: 0,
+            cpu_usage_ns: 0,
+            memory_usage_pages: 0,
+            inactive_file_pages: 0,
+            anon_pages: 0,
+            name: n,
+        }
+    }
+
+    fn paths(c: &mut PathCache, recs: &[CgroupRecord], root: &str) -> Vec<String> {
+        c.resolve(recs, root, Path::new("/nonexistent"))
+            .into_iter()
+            .map(|(p, _)| p.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn paths_follow_parents_and_survive_ticks() {
+        let mut c = PathCache::default();
+        let recs = [
+            rec(1, 0, ""),
+            rec(2, 1, "a"),
+            rec(3, 2, "b"),
+            rec(4, 1, "c"),
+        ];
+        assert_eq!(paths(&mut c, &recs, "/"), ["/", "/a", "/a/b", "/c"]);
+        let first = c.resolve(&recs, "/", Path::new("/x"));
+        let again = c.resolve(&recs, "/", Path::new("/x"));
+        // Reused, not rebuilt.
+        assert!(Arc::ptr_eq(&first[2].0, &again[2].0));
+    }
+
+    #[test]
+    fn a_renamed_parent_renames_its_children() {
+        let mut c = PathCache::default();
+        let recs = [rec(1, 0, ""), rec(2, 1, "a"), rec(3, 2, "b")];
+        assert_eq!(paths(&mut c, &recs, "/"), ["/", "/a", "/a/b"]);
+        let renamed = [rec(1, 0, ""), rec(2, 1, "z"), rec(3, 2, "b")];
+        assert_eq!(paths(&mut c, &renamed, "/"), ["/", "/z", "/z/b"]);
+    }
+
+    #[test]
+    fn orphans_and_failed_reads_are_left_out_and_gone_ids_evicted() {
+        let mut c = PathCache::default();
+        let mut bad = rec(5, 1, "bad");
+        bad.flags |= FLAG_READ_ERROR;
+        let recs = [rec(1, 0, ""), rec(2, 1, "a"), rec(3, 99, "orphan"), bad];
+        assert_eq!(paths(&mut c, &recs, "/sub"), ["/sub", "/sub/a"]);
+        let fewer = [rec(1, 0, "")];
+        assert_eq!(paths(&mut c, &fewer, "/sub"), ["/sub"]);
+        assert_eq!(c.entries.len(), 1);
+        // An id reused for another cgroup gets its own path.
+        let reused = [rec(1, 0, ""), rec(2, 1, "new")];
+        assert_eq!(paths(&mut c, &reused, "/sub"), ["/sub", "/sub/new"]);
     }
 }

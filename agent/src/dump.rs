@@ -188,7 +188,7 @@ mod tests {
             timestamp: UnixNanos(42),
             source: Source::Ebpf,
             cgroups: vec![CgroupSample {
-                path: path.clone(),
+                path: path.as_str().into(),
                 id: CgroupId(7),
                 cpu: Some(CpuNanos(1000)),
                 memory: Some(Memory::from_raw(Bytes(300), Bytes(100), Bytes(50))),

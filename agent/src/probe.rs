@@ -144,6 +144,25 @@ pub fn object_bytes(path: Option<&Path>) -> Result<Vec<u8>, ProbeError> {
     }
 }
 
+fn prog_err(name: &'static str) -> impl FnOnce(aya::programs::ProgramError) -> ProbeError {
+    move |source| ProbeError::Program { name, source }
+}
+
+/// Parses and loads the object's maps with the kernel offsets set and the records map
+/// sized; programs are loaded by the caller.
+fn open_object(
+    object: &[u8],
+    btf: &Btf,
+    layout: &KernelLayout,
+    records: u32,
+) -> Result<Ebpf, ProbeError> {
+    let mut loader = EbpfLoader::new();
+    loader.btf(Some(btf));
+    loader.map_max_entries(RECORDS_MAP, records);
+    loader_with_layout(&mut loader, layout);
+    Ok(loader.load(object)?)
+}
+
 fn loader_with_layout<'a>(loader: &mut EbpfLoader<'a>, l: &'a KernelLayout) {
     loader
         .override_global(globals::CGROUP_KN, &l.cgroup_kn, true)
@@ -173,27 +192,15 @@ impl CgroupIter {
         }
         let layout = KernelLayout::from_file(Path::new(KERNEL_BTF))?;
         let btf = Btf::from_sys_fs().map_err(|_| ProbeError::NoBtf)?;
-        let mut ebpf = {
-            let mut loader = EbpfLoader::new();
-            loader.btf(Some(&btf));
-            loader.map_max_entries(RECORDS_MAP, max_cgroups.max(1));
-            loader_with_layout(&mut loader, &layout);
-            loader.load(object)?
-        };
+        let mut ebpf = open_object(object, &btf, &layout, max_cgroups.max(1))?;
         let records = map_records(&ebpf, max_cgroups.max(1))?;
         let prog: &mut Iter = ebpf
             .program_mut("cgroup_stats")
             .ok_or(ProbeError::MissingProgram("cgroup_stats"))?
             .try_into()
-            .map_err(|source| ProbeError::Program {
-                name: "cgroup_stats",
-                source,
-            })?;
+            .map_err(prog_err("cgroup_stats"))?;
         prog.load("cgroup", &btf)
-            .map_err(|source| ProbeError::Program {
-                name: "cgroup_stats",
-                source,
-            })?;
+            .map_err(prog_err("cgroup_stats"))?;
         Ok(CgroupIter {
             ebpf,
             layout,
@@ -297,14 +304,8 @@ impl CgroupIter {
             .program("cgroup_stats")
             .ok_or(ProbeError::MissingProgram("cgroup_stats"))?
             .try_into()
-            .map_err(|source| ProbeError::Program {
-                name: "cgroup_stats",
-                source,
-            })?;
-        let prog_fd = prog.fd().map_err(|source| ProbeError::Program {
-            name: "cgroup_stats",
-            source,
-        })?;
+            .map_err(prog_err("cgroup_stats"))?;
+        let prog_fd = prog.fd().map_err(prog_err("cgroup_stats"))?;
         let cgroup_dir = File::open(dir).map_err(|source| ProbeError::Syscall {
             call: "open",
             what: dir.display().to_string(),
@@ -393,30 +394,16 @@ impl SchedSwitch {
     /// Loads and attaches `tp_btf/sched_switch`.
     pub fn attach(object: &[u8]) -> Result<SchedSwitch, ProbeError> {
         let btf = Btf::from_sys_fs().map_err(|_| ProbeError::NoBtf)?;
-        let layout = KernelLayout::default();
-        let mut ebpf = {
-            let mut loader = EbpfLoader::new();
-            loader.btf(Some(&btf));
-            loader_with_layout(&mut loader, &layout);
-            loader.load(object)?
-        };
+        // This program reads no kernel struct: the iterator's offsets stay zero.
+        let mut ebpf = open_object(object, &btf, &KernelLayout::default(), 1)?;
         let prog: &mut BtfTracePoint = ebpf
             .program_mut("sched_switch")
             .ok_or(ProbeError::MissingProgram("sched_switch"))?
             .try_into()
-            .map_err(|source| ProbeError::Program {
-                name: "sched_switch",
-                source,
-            })?;
+            .map_err(prog_err("sched_switch"))?;
         prog.load("sched_switch", &btf)
-            .map_err(|source| ProbeError::Program {
-                name: "sched_switch",
-                source,
-            })?;
-        prog.attach().map_err(|source| ProbeError::Program {
-            name: "sched_switch",
-            source,
-        })?;
+            .map_err(prog_err("sched_switch"))?;
+        prog.attach().map_err(prog_err("sched_switch"))?;
         Ok(SchedSwitch { ebpf })
     }
 

@@ -70,7 +70,8 @@ impl Memory {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CgroupSample {
     /// Path relative to the hierarchy's mount point, starting with `/` (`/` is the root).
-    pub path: String,
+    /// Shared: collectors keep paths across ticks.
+    pub path: std::sync::Arc<str>,
     /// The cgroup's id in the hierarchy that carried its CPU time (memory's on hybrid
     /// nodes when the cgroup exists only there).
     pub id: CgroupId,

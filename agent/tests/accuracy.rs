@@ -238,7 +238,7 @@ fn schedstat_ns(pid: u32) -> u64 {
 fn find<'a>(snap: &'a Snapshot, path: &str) -> &'a CgroupSample {
     snap.cgroups
         .iter()
-        .find(|c| c.path == path)
+        .find(|c| &*c.path == path)
         .unwrap_or_else(|| panic!("{} snapshot has no {path}", snap.source))
 }
 
@@ -355,12 +355,12 @@ fn run() -> usize {
     let b = fs.collect().expect("collect");
     checks += 1;
     let gone = format!("/{parent}/gone");
-    if a.cgroups.iter().any(|c| c.path == gone) || b.cgroups.iter().any(|c| c.path == gone) {
+    if a.cgroups.iter().any(|c| *c.path == *gone) || b.cgroups.iter().any(|c| *c.path == *gone) {
         failures.push(format!("removed cgroup {gone} reported"));
     }
     checks += 1;
     let live = |s: &Snapshot| {
-        let mut v: Vec<&str> = s.cgroups.iter().map(|c| c.path.as_str()).collect();
+        let mut v: Vec<&str> = s.cgroups.iter().map(|c| &*c.path).collect();
         v.sort();
         v.join(" ")
     };

@@ -14,7 +14,7 @@ use crate::sample::{Bytes, CpuNanos, Memory};
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
     /// A file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         /// The file.
         path: PathBuf,

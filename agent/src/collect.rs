@@ -35,6 +35,31 @@ pub struct Scope {
     pub max_cgroups: usize,
 }
 
+impl Scope {
+    /// Checks that the subtree exists in every hierarchy the layout reads from: a missing
+    /// root is a configuration error, not a reason to change collectors.
+    pub fn validate(&self) -> Result<(), FsError> {
+        let mut mounts = vec![self.layout.cpu_mount()];
+        if self.layout.memory_mount() != self.layout.cpu_mount() {
+            mounts.push(self.layout.memory_mount());
+        }
+        for m in mounts {
+            let dir = cgroupfs::join_rel(m, &self.root);
+            if !dir.is_dir() {
+                return Err(FsError::Parse {
+                    path: dir,
+                    reason: format!(
+                        "--cgroup-root {} does not exist in the hierarchy mounted at {}",
+                        self.root,
+                        m.display()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A source of snapshots.
 pub trait Collector: Send {
     /// Which collector this is.
@@ -61,6 +86,7 @@ pub fn select(
     scope: Scope,
     object: Option<&Path>,
 ) -> Result<(Box<dyn Collector>, Option<ProbeError>), CollectError> {
+    scope.validate()?;
     match mode {
         Mode::Cgroupfs => Ok((Box::new(CgroupfsCollector::new(scope)), None)),
         Mode::Ebpf => Ok((Box::new(EbpfCollector::new(scope, object)?), None)),

@@ -11,6 +11,7 @@ pub mod cgroupfs;
 pub mod collect;
 pub mod config;
 pub mod dump;
+pub mod error;
 pub mod kernel_layout;
 pub mod layout;
 pub mod probe;

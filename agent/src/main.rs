@@ -54,6 +54,7 @@ fn run_dump(args: &kpulse_agent::config::DumpArgs) -> anyhow::Result<()> {
     };
     let (mut collector, fallback) = collect::select(c.collector, scope, c.ebpf_object.as_deref())?;
     if let Some(reason) = fallback {
+        let reason = kpulse_agent::error::chain(&reason);
         warn!(%reason, "eBPF collector unavailable, using cgroupfs");
     }
     info!(collector = %collector.source(), layout = layout.name(), "collecting");

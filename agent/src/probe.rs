@@ -24,6 +24,9 @@ static EMBEDDED: Option<&[u8]> = Some(aya::include_bytes_aligned!(env!("KPULSE_E
 #[cfg(not(kpulse_embedded_ebpf))]
 static EMBEDDED: Option<&[u8]> = None;
 
+/// The scheduler-path program's map.
+const SCHED_MAP: &str = "SCHED_CPU_NS";
+
 /// Where the kernel's BTF lives.
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 
@@ -34,7 +37,7 @@ pub enum ProbeError {
     #[error("this agent was built without the eBPF object: run `cargo xtask build-ebpf` and rebuild, or pass --ebpf-object")]
     NotBuilt,
     /// The object file could not be read.
-    #[error("cannot read eBPF object {path}: {source}")]
+    #[error("cannot read eBPF object {path}")]
     ReadObject {
         /// The file.
         path: PathBuf,
@@ -46,13 +49,13 @@ pub enum ProbeError {
     #[error("kernel BTF {KERNEL_BTF} is missing (kernel built without CONFIG_DEBUG_INFO_BTF)")]
     NoBtf,
     /// Offsets could not be computed.
-    #[error("kernel layout: {0}")]
+    #[error("kernel layout")]
     Layout(#[from] LayoutError),
     /// aya failed to parse or load.
-    #[error("loading the eBPF object: {0}")]
+    #[error("loading the eBPF object")]
     Load(#[from] aya::EbpfError),
     /// A program failed to load or attach (verifier, permissions).
-    #[error("program {name}: {source}")]
+    #[error("program {name}")]
     Program {
         /// Program name.
         name: &'static str,
@@ -64,7 +67,7 @@ pub enum ProbeError {
     #[error("the eBPF object has no program {0}")]
     MissingProgram(&'static str),
     /// A bpf(2) call failed.
-    #[error("{call} on {what}: {source}")]
+    #[error("{call} on {what}")]
     Syscall {
         /// The call.
         call: &'static str,
@@ -78,7 +81,7 @@ pub enum ProbeError {
     #[error("iterator output: {0}")]
     Output(String),
     /// A map could not be read.
-    #[error("map {name}: {source}")]
+    #[error("map {name}")]
     Map {
         /// Map name.
         name: &'static str,
@@ -148,17 +151,20 @@ fn prog_err(name: &'static str) -> impl FnOnce(aya::programs::ProgramError) -> P
     move |source| ProbeError::Program { name, source }
 }
 
-/// Parses and loads the object's maps with the kernel offsets set and the records map
-/// sized; programs are loaded by the caller.
+/// Parses and loads the object's maps with the kernel offsets set and the maps sized
+/// for the program the caller will load (the other program's maps get one entry: every
+/// map of an object is created, used or not).
 fn open_object(
     object: &[u8],
     btf: &Btf,
     layout: &KernelLayout,
     records: u32,
+    sched_cgroups: u32,
 ) -> Result<Ebpf, ProbeError> {
     let mut loader = EbpfLoader::new();
     loader.btf(Some(btf));
     loader.map_max_entries(RECORDS_MAP, records);
+    loader.map_max_entries(SCHED_MAP, sched_cgroups);
     loader_with_layout(&mut loader, layout);
     Ok(loader.load(object)?)
 }
@@ -192,7 +198,7 @@ impl CgroupIter {
         }
         let layout = KernelLayout::from_file(Path::new(KERNEL_BTF))?;
         let btf = Btf::from_sys_fs().map_err(|_| ProbeError::NoBtf)?;
-        let mut ebpf = open_object(object, &btf, &layout, max_cgroups.max(1))?;
+        let mut ebpf = open_object(object, &btf, &layout, max_cgroups.max(1), 1)?;
         let records = map_records(&ebpf, max_cgroups.max(1))?;
         let prog: &mut Iter = ebpf
             .program_mut("cgroup_stats")
@@ -395,7 +401,13 @@ impl SchedSwitch {
     pub fn attach(object: &[u8]) -> Result<SchedSwitch, ProbeError> {
         let btf = Btf::from_sys_fs().map_err(|_| ProbeError::NoBtf)?;
         // This program reads no kernel struct: the iterator's offsets stay zero.
-        let mut ebpf = open_object(object, &btf, &KernelLayout::default(), 1)?;
+        let mut ebpf = open_object(
+            object,
+            &btf,
+            &KernelLayout::default(),
+            1,
+            kpulse_common::SCHED_MAX_CGROUPS,
+        )?;
         let prog: &mut BtfTracePoint = ebpf
             .program_mut("sched_switch")
             .ok_or(ProbeError::MissingProgram("sched_switch"))?
@@ -411,18 +423,18 @@ impl SchedSwitch {
     pub fn cpu_ns(&self, id: u64) -> Result<u64, ProbeError> {
         let map = self
             .ebpf
-            .map("SCHED_CPU_NS")
-            .ok_or(ProbeError::MissingProgram("SCHED_CPU_NS"))?;
+            .map(SCHED_MAP)
+            .ok_or(ProbeError::MissingProgram(SCHED_MAP))?;
         let map: aya::maps::PerCpuHashMap<_, u64, u64> = aya::maps::PerCpuHashMap::try_from(map)
             .map_err(|source| ProbeError::Map {
-                name: "SCHED_CPU_NS",
+                name: SCHED_MAP,
                 source,
             })?;
         match map.get(&id, 0) {
             Ok(values) => Ok(values.iter().sum()),
             Err(aya::maps::MapError::KeyNotFound) => Ok(0),
             Err(source) => Err(ProbeError::Map {
-                name: "SCHED_CPU_NS",
+                name: SCHED_MAP,
                 source,
             }),
         }

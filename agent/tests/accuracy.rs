@@ -50,8 +50,9 @@ fn main() {
         println!("0 passed, 0 failed, 1 skipped");
         return;
     }
+    let programs_before = our_programs();
     let result = std::panic::catch_unwind(run);
-    let leftovers = leftover_check();
+    let leftovers = leftover_check(&programs_before);
     match (result, leftovers) {
         (Ok(checks), Ok(())) => {
             println!("accuracy: {checks} checks passed");
@@ -513,7 +514,7 @@ fn kernel() -> String {
 }
 
 /// No cgroup, process or BPF program of this test remains.
-fn leftover_check() -> Result<(), String> {
+fn leftover_check(programs_before: &[u32]) -> Result<(), String> {
     let layout = Layout::detect().map_err(|e| e.to_string())?;
     let parent = format!("kpulse-acc-{}", std::process::id());
     for m in [layout.cpu_mount(), layout.memory_mount()] {
@@ -521,23 +522,42 @@ fn leftover_check() -> Result<(), String> {
             return Err(format!("cgroup {}", m.join(&parent).display()));
         }
     }
-    for p in aya::programs::loaded_programs() {
-        let Ok(info) = p else { continue };
-        if info.name_as_str() == Some("cgroup_stats") {
-            // Another agent on this machine may legitimately run one; ours is gone if
-            // no program is owned by a link or fd of this process.
-            let fds = std::fs::read_dir("/proc/self/fd").map_err(|e| e.to_string())?;
-            for fd in fds.flatten() {
-                let target = std::fs::read_link(fd.path()).unwrap_or_default();
-                if target.to_string_lossy().contains("bpf-prog")
-                    || target.to_string_lossy().contains("bpf_link")
-                {
-                    return Err(format!("BPF fd {} still open", target.display()));
-                }
-            }
+    // Programs are freed once their last fd and link are closed (after an RCU grace
+    // period): wait briefly for the kernel, then any new cgroup_stats program is ours.
+    let mut extra = Vec::new();
+    for _ in 0..50 {
+        extra = our_programs()
+            .into_iter()
+            .filter(|id| !programs_before.contains(id))
+            .collect();
+        if extra.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if !extra.is_empty() {
+        return Err(format!(
+            "BPF programs {extra:?} (cgroup_stats) still loaded"
+        ));
+    }
+    let fds = std::fs::read_dir("/proc/self/fd").map_err(|e| e.to_string())?;
+    for fd in fds.flatten() {
+        let target = std::fs::read_link(fd.path()).unwrap_or_default();
+        let t = target.to_string_lossy();
+        if t.contains("bpf-prog") || t.contains("bpf_link") || t.contains("bpf-map") {
+            return Err(format!("BPF fd {t} still open"));
         }
     }
     Ok(())
+}
+
+/// Ids of the loaded `cgroup_stats` programs (ours, or another agent's on this machine).
+fn our_programs() -> Vec<u32> {
+    aya::programs::loaded_programs()
+        .flatten()
+        .filter(|p| p.name_as_str() == Some("cgroup_stats"))
+        .map(|p| p.id())
+        .collect()
 }
 
 /// Runs inside a test cgroup: `workload <kind> <cgroup.procs files...>`.

@@ -246,9 +246,22 @@ impl EbpfCollector {
     /// Loads the program (from `object`, or the embedded one) and links it to the scope's
     /// subtrees. Any error is a reason to fall back.
     pub fn new(scope: Scope, object: Option<&Path>) -> Result<EbpfCollector, CollectError> {
+        Self::with_layout(scope, object, None)
+    }
+
+    /// Like [`EbpfCollector::new`], with the kernel offsets given instead of computed
+    /// (`None`: from the running kernel's BTF).
+    pub fn with_layout(
+        scope: Scope,
+        object: Option<&Path>,
+        layout: Option<crate::kernel_layout::KernelLayout>,
+    ) -> Result<EbpfCollector, CollectError> {
         let bytes = crate::probe::object_bytes(object)?;
         let cap = u32::try_from(scope.max_cgroups).unwrap_or(u32::MAX);
-        let iter = CgroupIter::load(&bytes, cap)?;
+        let iter = match layout {
+            Some(l) => CgroupIter::load_with_layout(&bytes, cap, l)?,
+            None => CgroupIter::load(&bytes, cap)?,
+        };
         let cpu_root = cgroupfs::join_rel(scope.layout.cpu_mount(), &scope.root);
         let cpu_link = iter.link(&cpu_root)?;
         let mem_link = match &scope.layout {
@@ -271,7 +284,59 @@ impl EbpfCollector {
             flush_dirs: Vec::new(),
         };
         c.refresh_flush_dirs()?;
+        c.self_check()?;
         Ok(c)
+    }
+
+    /// Compares the program's memory statistics with `memory.stat` for a few cgroups
+    /// that hold enough memory to tell fields apart. The `state[]` index of a statistic
+    /// on 6.11+ kernels comes from a table in the kernel source, not from BTF; if a
+    /// future kernel reorders it, this fails loudly at load instead of serving another
+    /// statistic under the name `inactive_file` or `anon`.
+    fn self_check(&mut self) -> Result<(), CollectError> {
+        const MIN: u64 = 16 << 20;
+        const CHECKED: usize = 8;
+        let snap = self.collect()?;
+        let mut checked = 0;
+        let mut mismatches = Vec::new();
+        for c in snap.cgroups.iter().filter(|c| c.memory.is_some()) {
+            if checked == CHECKED {
+                break;
+            }
+            let Some(ours) = c.memory else { continue };
+            let dir = cgroupfs::join_rel(self.scope.layout.memory_mount(), &c.path);
+            let theirs = match &self.scope.layout {
+                Layout::Unified { .. } => cgroupfs::memory_v2(&dir).ok().flatten(),
+                Layout::Hybrid { .. } => cgroupfs::memory_v1(&dir).ok(),
+            };
+            let Some(theirs) = theirs else { continue };
+            if theirs.inactive_file.0 < MIN && theirs.rss.0 < MIN {
+                continue;
+            }
+            checked += 1;
+            let close = |a: Bytes, b: Bytes| a.0.abs_diff(b.0) <= (b.0 / 10).max(4 << 20);
+            if !close(ours.inactive_file, theirs.inactive_file) || !close(ours.rss, theirs.rss) {
+                mismatches.push(format!(
+                    "{}: inactive_file {} vs {}, anon {} vs {} (eBPF vs memory.stat)",
+                    c.path, ours.inactive_file.0, theirs.inactive_file.0, ours.rss.0, theirs.rss.0
+                ));
+            }
+        }
+        if checked > 0 && mismatches.len() == checked {
+            return Err(ProbeError::Output(format!(
+                "memory statistics disagree with memory.stat in every cgroup checked ({}): \
+                 this kernel's memcg_vmstats layout is not the one expected ({:?} indexing)",
+                mismatches.join("; "),
+                self.iter.layout().vmstats_indexing
+            ))
+            .into());
+        }
+        Ok(())
+    }
+
+    /// The iterator program's kernel id.
+    pub fn program_id(&self) -> Option<u32> {
+        self.iter.program_id()
     }
 
     /// Cgroups dropped so far because there were more than `max_cgroups`.

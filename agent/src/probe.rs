@@ -197,6 +197,16 @@ impl CgroupIter {
             return Err(ProbeError::NoBtf);
         }
         let layout = KernelLayout::from_file(Path::new(KERNEL_BTF))?;
+        Self::load_with_layout(object, max_cgroups, layout)
+    }
+
+    /// Like [`CgroupIter::load`] with offsets given by the caller (tests of the checks
+    /// that guard against a wrong layout).
+    pub fn load_with_layout(
+        object: &[u8],
+        max_cgroups: u32,
+        layout: KernelLayout,
+    ) -> Result<CgroupIter, ProbeError> {
         let btf = Btf::from_sys_fs().map_err(|_| ProbeError::NoBtf)?;
         let mut ebpf = open_object(object, &btf, &layout, max_cgroups.max(1), 1)?;
         let records = map_records(&ebpf, max_cgroups.max(1))?;
@@ -213,6 +223,12 @@ impl CgroupIter {
             records,
             buf: vec![0; 4096],
         })
+    }
+
+    /// The program's kernel id.
+    pub fn program_id(&self) -> Option<u32> {
+        let prog = self.ebpf.program("cgroup_stats")?;
+        prog.info().ok().map(|i| i.id())
     }
 
     /// How many records the map holds.

@@ -50,9 +50,8 @@ fn main() {
         println!("0 passed, 0 failed, 1 skipped");
         return;
     }
-    let programs_before = our_programs();
     let result = std::panic::catch_unwind(run);
-    let leftovers = leftover_check(&programs_before);
+    let leftovers = leftover_check();
     match (result, leftovers) {
         (Ok(checks), Ok(())) => {
             println!("accuracy: {checks} checks passed");
@@ -85,9 +84,12 @@ fn preflight() -> Result<(), String> {
     }
     let bytes = kpulse_agent::probe::object_bytes(object_override().as_deref())
         .map_err(|e| e.to_string())?;
-    kpulse_agent::probe::CgroupIter::load(&bytes, 64)
-        .map(drop)
-        .map_err(|e| format!("eBPF cannot load here: {e}"))
+    let iter = kpulse_agent::probe::CgroupIter::load(&bytes, 64)
+        .map_err(|e| format!("eBPF cannot load here: {e}"))?;
+    if let Some(id) = iter.program_id() {
+        remember_program(id);
+    }
+    Ok(())
 }
 
 fn object_override() -> Option<PathBuf> {
@@ -410,6 +412,7 @@ fn run() -> usize {
     };
     let mut small_ebpf =
         EbpfCollector::new(small.clone(), object_override().as_deref()).expect("eBPF collector");
+    remember(&small_ebpf);
     let mut small_fs = CgroupfsCollector::new(small);
     for c in [
         &mut small_ebpf as &mut dyn Collector,
@@ -427,6 +430,20 @@ fn run() -> usize {
         }
     }
     drop(small_ebpf);
+
+    // A wrong memcg statistics index (what a kernel reordering its table would cause) is
+    // caught when the collector starts, not served.
+    let mut wrong = *ebpf.kernel_layout();
+    std::mem::swap(&mut wrong.vmstats_anon, &mut wrong.vmstats_inactive_file);
+    checks += 1;
+    match EbpfCollector::with_layout(scope.clone(), object_override().as_deref(), Some(wrong)) {
+        Err(e) if e.to_string().contains("memcg_vmstats layout") => {}
+        Err(e) => failures.push(format!("wrong layout refused for another reason: {e}")),
+        Ok(c) => {
+            remember(&c);
+            failures.push("a collector with swapped memcg indices started".into());
+        }
+    }
 
     // auto falls back to cgroupfs when the object cannot load, and says why.
     let bogus = std::env::temp_dir().join(format!("kpulse-bogus-{}.o", std::process::id()));
@@ -514,7 +531,23 @@ fn kernel() -> String {
 }
 
 /// No cgroup, process or BPF program of this test remains.
-fn leftover_check(programs_before: &[u32]) -> Result<(), String> {
+/// Kernel ids of every program this test loaded.
+static OUR_PROGRAMS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+fn remember_program(id: u32) {
+    if let Ok(mut v) = OUR_PROGRAMS.lock() {
+        v.push(id);
+    }
+}
+
+fn remember(c: &EbpfCollector) {
+    if let Some(id) = c.program_id() {
+        remember_program(id);
+    }
+}
+
+fn leftover_check() -> Result<(), String> {
+    let ours: Vec<u32> = OUR_PROGRAMS.lock().map(|v| v.clone()).unwrap_or_default();
     let layout = Layout::detect().map_err(|e| e.to_string())?;
     let parent = format!("kpulse-acc-{}", std::process::id());
     for m in [layout.cpu_mount(), layout.memory_mount()] {
@@ -523,12 +556,15 @@ fn leftover_check(programs_before: &[u32]) -> Result<(), String> {
         }
     }
     // Programs are freed once their last fd and link are closed (after an RCU grace
-    // period): wait briefly for the kernel, then any new cgroup_stats program is ours.
+    // period): wait briefly for the kernel. Other agents' programs are not ours to judge.
+    if ours.is_empty() {
+        return Err("the test recorded no program of its own".into());
+    }
     let mut extra = Vec::new();
     for _ in 0..50 {
-        extra = our_programs()
+        extra = loaded_cgroup_stats()
             .into_iter()
-            .filter(|id| !programs_before.contains(id))
+            .filter(|id| ours.contains(id))
             .collect();
         if extra.is_empty() {
             break;
@@ -552,7 +588,7 @@ fn leftover_check(programs_before: &[u32]) -> Result<(), String> {
 }
 
 /// Ids of the loaded `cgroup_stats` programs (ours, or another agent's on this machine).
-fn our_programs() -> Vec<u32> {
+fn loaded_cgroup_stats() -> Vec<u32> {
     aya::programs::loaded_programs()
         .flatten()
         .filter(|p| p.name_as_str() == Some("cgroup_stats"))

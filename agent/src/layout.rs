@@ -86,18 +86,19 @@ impl Layout {
     /// Decides the layout from the text of a mountinfo file.
     pub fn from_mountinfo(text: &str) -> Result<Layout, LayoutError> {
         let mut unified: Option<(PathBuf, Vec<String>)> = None;
-        let mut cpuacct = None;
-        let mut memory = None;
+        let mut cpuacct: Option<PathBuf> = None;
+        let mut memory: Option<PathBuf> = None;
         for line in text.lines() {
             let Some(m) = parse_mount_line(line) else {
                 continue;
             };
             match m.fstype.as_str() {
                 "cgroup2" => {
-                    // Prefer the shortest mount point if there are several (bind mounts).
+                    // Several mounts of a hierarchy (bind mounts, a chroot's /sys): prefer
+                    // the standard place, then the shortest path.
                     let better = unified
                         .as_ref()
-                        .is_none_or(|(p, _)| m.mount_point.as_os_str().len() < p.as_os_str().len());
+                        .is_none_or(|(p, _)| preferred(&m.mount_point, p));
                     if better {
                         let controllers = read_controllers(&m.mount_point);
                         unified = Some((m.mount_point, controllers));
@@ -105,10 +106,16 @@ impl Layout {
                 }
                 "cgroup" => {
                     let opts: Vec<&str> = m.super_options.split(',').collect();
-                    if opts.contains(&"cpuacct") && cpuacct.is_none() {
+                    if opts.contains(&"cpuacct")
+                        && cpuacct
+                            .as_ref()
+                            .is_none_or(|p| preferred(&m.mount_point, p))
+                    {
                         cpuacct = Some(m.mount_point.clone());
                     }
-                    if opts.contains(&"memory") && memory.is_none() {
+                    if opts.contains(&"memory")
+                        && memory.as_ref().is_none_or(|p| preferred(&m.mount_point, p))
+                    {
                         memory = Some(m.mount_point.clone());
                     }
                 }
@@ -143,6 +150,16 @@ impl Layout {
                 m.map_or("absent".into(), |p| p.display().to_string()),
             ))),
         }
+    }
+}
+
+/// Whether mount point `a` is a better choice than `b` for the same hierarchy.
+fn preferred(a: &Path, b: &Path) -> bool {
+    let std_place = |p: &Path| p.starts_with("/sys/fs/cgroup");
+    match (std_place(a), std_place(b)) {
+        (true, false) => true,
+        (false, true) => false,
+        _ => a.as_os_str().len() < b.as_os_str().len(),
     }
 }
 
@@ -236,6 +253,26 @@ mod tests {
             Layout::Hybrid {
                 unified: "/sys/fs/cgroup/unified".into(),
                 cpuacct: "/sys/fs/cgroup/cpu,cpuacct".into(),
+                memory: "/sys/fs/cgroup/memory".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn bind_mounts_elsewhere_do_not_win() {
+        let text = "\
+90 80 0:32 / /tmp/chroot/sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+91 80 0:38 / /tmp/chroot/sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+92 80 0:30 / /tmp/c/cpuacct rw - cgroup cgroup rw,cpuacct
+"
+        .to_string()
+            + HYBRID;
+        let l = Layout::from_mountinfo(&text).expect("hybrid");
+        assert_eq!(
+            l,
+            Layout::Hybrid {
+                unified: "/sys/fs/cgroup/unified".into(),
+                cpuacct: "/sys/fs/cgroup/cpuacct".into(),
                 memory: "/sys/fs/cgroup/memory".into(),
             }
         );

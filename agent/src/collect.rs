@@ -296,42 +296,80 @@ impl EbpfCollector {
     fn self_check(&mut self) -> Result<(), CollectError> {
         const MIN: u64 = 16 << 20;
         const CHECKED: usize = 8;
-        let snap = self.collect()?;
-        let mut checked = 0;
-        let mut mismatches = Vec::new();
-        for c in snap.cgroups.iter().filter(|c| c.memory.is_some()) {
-            if checked == CHECKED {
-                break;
-            }
-            let Some(ours) = c.memory else { continue };
-            let dir = cgroupfs::join_rel(self.scope.layout.memory_mount(), &c.path);
-            let theirs = match &self.scope.layout {
+        const ATTEMPTS: usize = 3;
+        let layout = self.scope.layout.clone();
+        let read_files = |path: &str| {
+            let dir = cgroupfs::join_rel(layout.memory_mount(), path);
+            match &layout {
                 Layout::Unified { .. } => cgroupfs::memory_v2(&dir).ok().flatten(),
                 Layout::Hybrid { .. } => cgroupfs::memory_v1(&dir).ok(),
-            };
-            let Some(theirs) = theirs else { continue };
-            if theirs.inactive_file.0 < MIN && theirs.rss.0 < MIN {
-                continue;
             }
-            checked += 1;
-            let close = |a: Bytes, b: Bytes| a.0.abs_diff(b.0) <= (b.0 / 10).max(4 << 20);
-            if !close(ours.inactive_file, theirs.inactive_file) || !close(ours.rss, theirs.rss) {
-                mismatches.push(format!(
-                    "{}: inactive_file {} vs {}, anon {} vs {} (eBPF vs memory.stat)",
-                    c.path, ours.inactive_file.0, theirs.inactive_file.0, ours.rss.0, theirs.rss.0
+        };
+        // Cgroups holding enough memory for a wrong statistic to stand out.
+        let first = self.collect()?;
+        let candidates: Vec<Arc<str>> = first
+            .cgroups
+            .iter()
+            .filter(|c| c.memory.is_some())
+            .filter(|c| {
+                read_files(&c.path).is_some_and(|m| m.inactive_file.0 >= MIN || m.rss.0 >= MIN)
+            })
+            .take(CHECKED)
+            .map(|c| c.path.clone())
+            .collect();
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        // Memory changes while we look, and reading memory.stat may flush pending
+        // statistics: bracket the eBPF read between two file reads and allow a margin.
+        let within = |v: Bytes, a: Bytes, b: Bytes| {
+            let (lo, hi) = (a.0.min(b.0), a.0.max(b.0));
+            let margin = (hi / 4).max(8 << 20);
+            v.0 + margin >= lo && v.0 <= hi + margin
+        };
+        let mut last = Vec::new();
+        for _ in 0..ATTEMPTS {
+            let before: Vec<Option<Memory>> = candidates.iter().map(|p| read_files(p)).collect();
+            let snap = self.collect()?;
+            let after: Vec<Option<Memory>> = candidates.iter().map(|p| read_files(p)).collect();
+            last.clear();
+            for (i, path) in candidates.iter().enumerate() {
+                let ours = snap
+                    .cgroups
+                    .iter()
+                    .find(|c| c.path == *path)
+                    .and_then(|c| c.memory);
+                let (Some(ours), Some(b), Some(a)) = (ours, before[i], after[i]) else {
+                    continue;
+                };
+                if within(ours.inactive_file, b.inactive_file, a.inactive_file)
+                    && within(ours.rss, b.rss, a.rss)
+                {
+                    return Ok(());
+                }
+                last.push(format!(
+                    "{path}: inactive_file {} vs {}..{}, anon {} vs {}..{}",
+                    ours.inactive_file.0,
+                    b.inactive_file.0,
+                    a.inactive_file.0,
+                    ours.rss.0,
+                    b.rss.0,
+                    a.rss.0
                 ));
             }
         }
-        if checked > 0 && mismatches.len() == checked {
-            return Err(ProbeError::Output(format!(
-                "memory statistics disagree with memory.stat in every cgroup checked ({}): \
-                 this kernel's memcg_vmstats layout is not the one expected ({:?} indexing)",
-                mismatches.join("; "),
-                self.iter.layout().vmstats_indexing
-            ))
-            .into());
+        if last.is_empty() {
+            // Every candidate vanished meanwhile: nothing to judge by.
+            return Ok(());
         }
-        Ok(())
+        Err(ProbeError::Output(format!(
+            "memory statistics disagree with memory.stat in every cgroup checked ({}; eBPF vs \
+             memory.stat before..after): this kernel's memcg_vmstats layout is not the one \
+             expected ({:?} indexing)",
+            last.join("; "),
+            self.iter.layout().vmstats_indexing
+        ))
+        .into())
     }
 
     /// The iterator program's kernel id.

@@ -1,4 +1,24 @@
-//! kpulse's aggregator-api: the `metrics.k8s.io` extension API server.
+//! kpulse's aggregator-api: the `metrics.k8s.io` extension API server behind the
+//! Kubernetes API aggregation layer.
 //!
-//! Placeholder: the server, its store and the aggregation layer's security model
-//! arrive with their own issue. Nothing here serves requests yet.
+//! Work in progress: serving (TLS, limits, health) is here; the store, the API objects
+//! and the aggregation layer's authentication and authorization arrive next. It does not
+//! collect anything itself: agents push to it.
+
+pub mod app;
+pub mod config;
+pub mod health;
+pub mod serve;
+pub mod tls;
+
+/// `outer: cause: root cause`, for log fields.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -107,6 +107,8 @@ pub struct IterMeta {
 /// then one [`WalkEnd`] on the output when the walk is over.
 #[unsafe(link_section = "iter/cgroup")]
 #[no_mangle]
+// Only the kernel calls this, with a valid iterator context; no Rust code can call it.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn cgroup_stats(ctx: *const IterCgroupCtx) -> i32 {
     let ctx = unsafe { &*ctx };
     let meta = unsafe { &*ctx.meta };
@@ -234,10 +236,10 @@ pub fn sched_switch(_ctx: BtfTracePointContext) -> i32 {
     }
     let cg = unsafe { bpf_get_current_cgroup_id() };
     let delta = now - prev;
-    match SCHED_CPU_NS.get_ptr_mut(&cg) {
+    match SCHED_CPU_NS.get_ptr_mut(cg) {
         Some(v) => unsafe { *v += delta },
         None => {
-            let _ = SCHED_CPU_NS.insert(&cg, &delta, 0);
+            let _ = SCHED_CPU_NS.insert(cg, delta, 0);
         }
     }
     0

@@ -11,9 +11,12 @@
 //! `bpf-linker` goes to `~/.cargo/bin`), a piece with the wrong version is an error that says how
 //! to fix it. When everything is in place the check only runs a few `--version`s (about 1 s).
 //!
-//! Testing only: `KPULSE_RUSTC`, `KPULSE_CARGO`, `KPULSE_RUST_SRC_LOCK`, `KPULSE_LLVM_CONFIG` and
-//! `KPULSE_BPF_LINKER` override where each piece is looked for; an overridden piece that is
-//! missing is reported, never installed.
+//! [`clippy`] lints `ebpf/` the same way, with Debian's clippy of the same rustc
+//! (`rust-web-clippy`), which it checks and installs like the other pieces.
+//!
+//! Testing only: `KPULSE_RUSTC`, `KPULSE_CARGO`, `KPULSE_RUST_SRC_LOCK`, `KPULSE_LLVM_CONFIG`,
+//! `KPULSE_BPF_LINKER` and `KPULSE_CARGO_CLIPPY` override where each piece is looked for; an
+//! overridden piece that is missing is reported, never installed.
 
 use std::{
     env,
@@ -63,6 +66,10 @@ const DEFAULT_RUSTC: &str = "/usr/bin/rustc";
 const DEFAULT_CARGO: &str = "/usr/bin/cargo";
 const DEFAULT_RUST_SRC_LOCK: &str = "/usr/lib/rustlib/src/rust/library/Cargo.lock";
 const DEFAULT_LLVM_CONFIG: &str = "/usr/lib/llvm-22/bin/llvm-config";
+/// Debian's `cargo clippy` front end; it runs the `clippy-driver` beside it. Run directly:
+/// `/usr/bin/cargo clippy` would pick rustup's `~/.cargo/bin/cargo-clippy` first (cargo searches
+/// `$CARGO_HOME/bin` before PATH for subcommands), i.e. another release's clippy.
+const DEFAULT_CARGO_CLIPPY: &str = "/usr/bin/cargo-clippy";
 
 /// Environment variables that point a piece elsewhere (testing only).
 const ENV_RUSTC: &str = "KPULSE_RUSTC";
@@ -70,6 +77,7 @@ const ENV_CARGO: &str = "KPULSE_CARGO";
 const ENV_RUST_SRC_LOCK: &str = "KPULSE_RUST_SRC_LOCK";
 const ENV_LLVM_CONFIG: &str = "KPULSE_LLVM_CONFIG";
 const ENV_BPF_LINKER: &str = "KPULSE_BPF_LINKER";
+const ENV_CARGO_CLIPPY: &str = "KPULSE_CARGO_CLIPPY";
 
 /// Variables of the outer `cargo run`/rustup that would redirect or confuse the inner build.
 const DROP_FROM_CHILD_ENV: &[&str] = &[
@@ -102,20 +110,66 @@ const KEEP_CARGO_ENV: &[&str] = &[
 pub fn run(opts: &Options) -> Result<PathBuf> {
     let root = workspace_root();
     let tools = Tools::from_lookup(|name| env::var_os(name));
+    let linker = ensure_toolchain(&tools, &root, &Piece::BUILD, opts.no_install)?;
+    build(&root, &tools, &linker, opts.release)
+}
 
+/// Lints `ebpf/` with Debian's clippy of the same rustc: `cargo clippy -Z build-std=core
+/// --target bpfel-unknown-none --release -- -D warnings`, in the build's environment. Checks
+/// (and installs what is missing of) the toolchain first, `rust-web-clippy` included.
+pub fn clippy() -> Result<()> {
+    let root = workspace_root();
+    let tools = Tools::from_lookup(|name| env::var_os(name));
+    let linker = ensure_toolchain(&tools, &root, &Piece::LINT, false)?;
+    let mut cmd = ebpf_command(&root, &tools, &linker, &tools.cargo_clippy)?;
+    // cargo-clippy runs `$CARGO check` with itself as the workspace wrapper: point it at
+    // Debian's cargo (the scrubbed environment has no CARGO).
+    cmd.env("CARGO", &tools.cargo)
+        .args([
+            "clippy",
+            "-Z",
+            "build-std=core",
+            "--target",
+            TARGET,
+            "--release",
+        ])
+        .arg("--target-dir")
+        .arg(root.join("target"))
+        .args(["--", "-D", "warnings"]);
+    println!(
+        "linting ebpf/ with {} (about 20 s the first time, 1 s after)",
+        tools.cargo_clippy.display()
+    );
     let started = Instant::now();
-    let mut found = check_all(&tools);
+    exec::run(&mut cmd).context("clippy found problems in ebpf/ (or could not run)")?;
+    println!(
+        "ebpf/ is clippy-clean ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Checks `pieces`, installs what is missing when that is allowed, and returns the path of
+/// the bpf-linker that passed its check.
+fn ensure_toolchain(
+    tools: &Tools,
+    root: &Path,
+    pieces: &[Piece],
+    no_install: bool,
+) -> Result<PathBuf> {
+    let started = Instant::now();
+    let mut found = check_all(tools, pieces);
     if !found.all_ok() {
-        let host = Host::detect(opts, &tools)?;
-        match decide(&found.checks, &host, &tools) {
+        let host = Host::detect(no_install, tools)?;
+        match decide(&found.checks, &host, tools) {
             Plan::Fail(message) => bail!(message),
             Plan::Install { apt, bpf_linker } => {
-                install(&apt, bpf_linker, &tools, &root)?;
-                found = check_all(&tools);
+                install(&apt, bpf_linker, tools, root)?;
+                found = check_all(tools, pieces);
                 if !found.all_ok() {
                     bail!(
                         "the eBPF toolchain is still not right after installing:\n{}",
-                        describe_problems(&found.checks, &host, &tools)
+                        describe_problems(&found.checks, &host, tools)
                     );
                 }
             }
@@ -125,10 +179,9 @@ pub fn run(opts: &Options) -> Result<PathBuf> {
         "eBPF toolchain ready ({:.1} s)",
         started.elapsed().as_secs_f64()
     );
-    let linker = found
+    found
         .bpf_linker
-        .context("bpf-linker passed its check but its path was not recorded")?;
-    build(&root, &tools, &linker, opts.release)
+        .context("bpf-linker passed its check but its path was not recorded")
 }
 
 fn workspace_root() -> PathBuf {
@@ -152,10 +205,22 @@ enum Piece {
     Llvm,
     /// bpf-linker 0.13.0 linked to LLVM 22.
     BpfLinker,
+    /// Debian's clippy (`cargo-clippy`, `clippy-driver`) of the same rustc; only for linting.
+    Clippy,
 }
 
 impl Piece {
-    const ALL: [Piece; 4] = [Piece::Rust, Piece::RustSrc, Piece::Llvm, Piece::BpfLinker];
+    const ALL: [Piece; 5] = [
+        Piece::Rust,
+        Piece::RustSrc,
+        Piece::Llvm,
+        Piece::BpfLinker,
+        Piece::Clippy,
+    ];
+    /// What `build-ebpf` needs.
+    const BUILD: [Piece; 4] = [Piece::Rust, Piece::RustSrc, Piece::Llvm, Piece::BpfLinker];
+    /// What [`clippy`] needs: the build's pieces and clippy.
+    const LINT: [Piece; 5] = Piece::ALL;
 
     fn describe(self, tools: &Tools) -> String {
         match self {
@@ -175,6 +240,11 @@ impl Piece {
             Piece::BpfLinker => {
                 format!("bpf-linker {BPF_LINKER_VERSION} built against LLVM {LLVM_MAJOR}")
             }
+            Piece::Clippy => format!(
+                "Debian's clippy {RUST_RELEASE}x ({}, {})",
+                tools.cargo_clippy.display(),
+                tools.clippy_driver().display()
+            ),
         }
     }
 
@@ -185,6 +255,7 @@ impl Piece {
             Piece::RustSrc => &[("rust-web-src", RUST_RELEASE)],
             Piece::Llvm => &[("llvm-22-dev", "22.")],
             Piece::BpfLinker => &[],
+            Piece::Clippy => &[("rust-web-clippy", RUST_RELEASE)],
         }
     }
 
@@ -196,6 +267,7 @@ impl Piece {
             Piece::RustSrc => 7,
             Piece::Llvm => 19,
             Piece::BpfLinker => 60,
+            Piece::Clippy => 3,
         }
     }
 
@@ -205,6 +277,7 @@ impl Piece {
             Piece::RustSrc => &[ENV_RUST_SRC_LOCK],
             Piece::Llvm => &[ENV_LLVM_CONFIG],
             Piece::BpfLinker => &[ENV_BPF_LINKER],
+            Piece::Clippy => &[ENV_CARGO_CLIPPY],
         }
     }
 }
@@ -218,6 +291,7 @@ struct Tools {
     llvm_config: PathBuf,
     /// `KPULSE_BPF_LINKER`; otherwise bpf-linker is searched on PATH and in cargo's bin dir.
     bpf_linker: Option<PathBuf>,
+    cargo_clippy: PathBuf,
     /// Pieces with at least one overridden path: never installed.
     overridden: Vec<Piece>,
 }
@@ -245,8 +319,14 @@ impl Tools {
             bpf_linker: lookup(ENV_BPF_LINKER)
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from),
+            cargo_clippy: get(ENV_CARGO_CLIPPY, DEFAULT_CARGO_CLIPPY),
             overridden,
         }
+    }
+
+    /// The `clippy-driver` that `cargo-clippy` runs: the one in its own directory.
+    fn clippy_driver(&self) -> PathBuf {
+        self.cargo_clippy.with_file_name("clippy-driver")
     }
 
     /// `/usr/lib/llvm-22`: the prefix bpf-linker's build script must see (`<prefix>/bin/llvm-config`).
@@ -288,10 +368,10 @@ impl Found {
     }
 }
 
-fn check_all(tools: &Tools) -> Found {
+fn check_all(tools: &Tools, pieces: &[Piece]) -> Found {
     let mut checks = Vec::new();
     let mut bpf_linker = None;
-    for piece in Piece::ALL {
+    for &piece in pieces {
         print!("checking {} ... ", piece.describe(tools));
         // Progress only: a failed flush just delays the line.
         let _ = std::io::stdout().flush();
@@ -304,6 +384,7 @@ fn check_all(tools: &Tools) -> Found {
                 bpf_linker = path;
                 status
             }
+            Piece::Clippy => check_clippy(tools),
         };
         match &status {
             Status::Ok(what) => println!("ok: {what}"),
@@ -394,6 +475,66 @@ fn check_llvm(tools: &Tools) -> Status {
         }
         Err(e) => Status::Wrong(format!("{e:#}")),
     }
+}
+
+/// `cargo-clippy` and its `clippy-driver` must be the very rustc that builds `core` for the
+/// lint (`/usr/bin/rustc`): a driver of another build cannot read that `core`'s metadata.
+fn check_clippy(tools: &Tools) -> Status {
+    let driver = tools.clippy_driver();
+    let missing: Vec<String> = [&tools.cargo_clippy, &driver]
+        .into_iter()
+        .filter(|p| !p.exists())
+        .map(|p| format!("{} does not exist", p.display()))
+        .collect();
+    if !missing.is_empty() {
+        return Status::Missing(missing.join(", "));
+    }
+    let front = match exec::output(Command::new(&tools.cargo_clippy).arg("--version")) {
+        Ok(out) => out,
+        Err(e) => return Status::Wrong(format!("{e:#}")),
+    };
+    let front = parse_tool_version(&front, "clippy").unwrap_or("of an unknown version");
+    if clippy_release(front).is_none_or(|release| !release.starts_with(RUST_RELEASE)) {
+        return Status::Wrong(format!(
+            "{} is clippy {front}; the build needs clippy 0.{RUST_RELEASE}x (rustc {RUST_RELEASE}x)",
+            tools.cargo_clippy.display()
+        ));
+    }
+    let driver_vv = match exec::output(Command::new(&driver).arg("-vV")) {
+        Ok(out) => out,
+        Err(e) => return Status::Wrong(format!("{e:#}")),
+    };
+    let rustc_vv = match exec::output(Command::new(&tools.rustc).arg("-vV")) {
+        Ok(out) => out,
+        Err(e) => {
+            return Status::Wrong(format!(
+                "cannot compare with {}: {e:#}",
+                tools.rustc.display()
+            ))
+        }
+    };
+    let driver_commit = vv_field(&driver_vv, "commit-hash:");
+    let rustc_commit = vv_field(&rustc_vv, "commit-hash:");
+    let driver_release = vv_field(&driver_vv, "release:").unwrap_or_else(|| "?".to_owned());
+    if driver_commit.is_none() || driver_commit != rustc_commit {
+        return Status::Wrong(format!(
+            "{} is rustc {driver_release} (commit {}), {} is commit {}: clippy must come \
+             from the same rustc build",
+            driver.display(),
+            driver_commit.as_deref().unwrap_or("?"),
+            tools.rustc.display(),
+            rustc_commit.as_deref().unwrap_or("?")
+        ));
+    }
+    Status::Ok(format!("clippy {front}, driver of rustc {driver_release}"))
+}
+
+/// `"0.1.96"` (clippy's version) -> `"1.96."`, comparable with [`RUST_RELEASE`].
+fn clippy_release(version: &str) -> Option<String> {
+    let mut parts = version.strip_prefix("0.")?.split('.');
+    let (major, minor) = (parts.next()?, parts.next()?);
+    (major.parse::<u32>().is_ok() && minor.parse::<u32>().is_ok())
+        .then(|| format!("{major}.{minor}."))
 }
 
 fn check_bpf_linker(tools: &Tools) -> (Status, Option<PathBuf>) {
@@ -500,16 +641,18 @@ struct RustcVersion {
 
 /// Reads `release:` and `LLVM version:` from `rustc -vV`.
 fn parse_rustc_vv(text: &str) -> Result<RustcVersion> {
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|line| line.strip_prefix(name))
-            .map(|v| v.trim().to_owned())
-            .with_context(|| format!("no `{name}` line"))
-    };
+    let field = |name: &str| vv_field(text, name).with_context(|| format!("no `{name}` line"));
     Ok(RustcVersion {
         release: field("release:")?,
         llvm: field("LLVM version:")?,
     })
+}
+
+/// The value of the line `name` (e.g. `"release:"`) of `rustc -vV` output.
+fn vv_field(text: &str, name: &str) -> Option<String> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name))
+        .map(|v| v.trim().to_owned())
 }
 
 /// `"cargo 1.96.0 (30a34c682 2026-05-25)"` -> `"1.96.0"`; `None` unless it names `tool`.
@@ -558,7 +701,7 @@ struct Host {
 }
 
 impl Host {
-    fn detect(opts: &Options, tools: &Tools) -> Result<Self> {
+    fn detect(no_install: bool, tools: &Tools) -> Result<Self> {
         let uid = exec::output(Command::new("id").arg("-u"))?;
         let root = uid.trim() == "0";
         let debian = Path::new("/etc/debian_version").exists();
@@ -583,7 +726,7 @@ impl Host {
         Ok(Host {
             root,
             apt,
-            no_install: opts.no_install,
+            no_install,
         })
     }
 }
@@ -605,7 +748,7 @@ fn decide(checks: &[(Piece, Status)], host: &Host, tools: &Tools) -> Plan {
     let mut blockers = Vec::new();
     if checks.iter().any(|(_, s)| matches!(s, Status::Wrong(_))) {
         blockers.push(
-            "a piece has the wrong version, and build-ebpf does not replace installed versions"
+            "a piece has the wrong version, and xtask does not replace installed versions"
                 .to_owned(),
         );
     }
@@ -820,14 +963,14 @@ fn upstream_version(version: &str) -> &str {
 // ---------------------------------------------------------------------------------------------
 // Building
 
-fn build(root: &Path, tools: &Tools, linker: &Path, release: bool) -> Result<PathBuf> {
-    let profile = if release { "release" } else { "debug" };
-    let target_dir = root.join("target");
+/// `program` (Debian's cargo, or cargo-clippy) run in `ebpf/` with the inner build's
+/// environment: the outer cargo's and rustup's variables removed, Debian's rustc, nightly
+/// features allowed, the eBPF rust flags, bpf-linker first on PATH.
+fn ebpf_command(root: &Path, tools: &Tools, linker: &Path, program: &Path) -> Result<Command> {
     let linker_dir = linker
         .parent()
         .context("bpf-linker's path has no directory")?;
-
-    let mut cmd = Command::new(&tools.cargo);
+    let mut cmd = Command::new(program);
     scrub_child_env(&mut cmd, root);
     cmd.current_dir(root.join("ebpf"))
         .env("RUSTC", &tools.rustc)
@@ -836,8 +979,16 @@ fn build(root: &Path, tools: &Tools, linker: &Path, release: bool) -> Result<Pat
         .env(
             "PATH",
             prepend_path(linker_dir, &child_search_path("PATH", root)),
-        )
-        .args(["build", "-Z", "build-std=core", "--target", TARGET])
+        );
+    Ok(cmd)
+}
+
+fn build(root: &Path, tools: &Tools, linker: &Path, release: bool) -> Result<PathBuf> {
+    let profile = if release { "release" } else { "debug" };
+    let target_dir = root.join("target");
+
+    let mut cmd = ebpf_command(root, tools, linker, &tools.cargo)?;
+    cmd.args(["build", "-Z", "build-std=core", "--target", TARGET])
         .arg("--target-dir")
         .arg(&target_dir);
     if release {
@@ -1107,6 +1258,70 @@ LLVM version: 22.1.8
         );
         assert_eq!(parse_tool_version("rustc 1.96.0", "cargo"), None);
         assert_eq!(parse_tool_version("", "cargo"), None);
+    }
+
+    #[test]
+    fn reads_clippy_versions() {
+        let front = parse_tool_version("clippy 0.1.96\n", "clippy").unwrap();
+        assert_eq!(clippy_release(front).as_deref(), Some("1.96."));
+        // rustup's proxy names its own (other) release.
+        let rustup = parse_tool_version("clippy 0.1.95 (59807616e1 2026-04-14)\n", "clippy");
+        assert_eq!(clippy_release(rustup.unwrap()).as_deref(), Some("1.95."));
+        assert_eq!(clippy_release("1.96.0"), None);
+        assert_eq!(clippy_release("0.x.96"), None);
+        assert_eq!(clippy_release("0.1"), None);
+        assert_eq!(
+            vv_field(RUSTC_VV, "commit-hash:").as_deref(),
+            Some("ac68faa20c58cbccd01ee7208bf3b6e93a7d7f96")
+        );
+        assert_eq!(vv_field(RUSTC_VV, "nope:"), None);
+    }
+
+    #[test]
+    fn clippy_is_a_lint_only_piece() {
+        assert!(!Piece::BUILD.contains(&Piece::Clippy));
+        assert!(Piece::LINT.contains(&Piece::Clippy));
+        assert!(Piece::BUILD.iter().all(|p| Piece::LINT.contains(p)));
+        let tools = defaults();
+        assert_eq!(tools.cargo_clippy, Path::new(DEFAULT_CARGO_CLIPPY));
+        assert_eq!(tools.clippy_driver(), Path::new("/usr/bin/clippy-driver"));
+        let moved = Tools::from_lookup(|name| {
+            (name == ENV_CARGO_CLIPPY).then(|| OsString::from("/opt/rust/bin/cargo-clippy"))
+        });
+        assert_eq!(
+            moved.clippy_driver(),
+            Path::new("/opt/rust/bin/clippy-driver")
+        );
+        assert_eq!(moved.overridden, [Piece::Clippy]);
+
+        let plan = decide(
+            &checks(&[Piece::Clippy], &[]),
+            &host(true, true, false),
+            &defaults(),
+        );
+        assert_eq!(
+            plan,
+            Plan::Install {
+                apt: vec![Piece::Clippy],
+                bpf_linker: false
+            }
+        );
+        let message = failure(decide(
+            &checks(&[], &[Piece::Clippy]),
+            &host(true, true, false),
+            &defaults(),
+        ));
+        assert!(
+            message.contains("--allow-downgrades 'rust-web-clippy=1.96.*'"),
+            "{message}"
+        );
+        let message = failure(decide(
+            &checks(&[Piece::Clippy], &[]),
+            &host(false, false, false),
+            &defaults(),
+        ));
+        assert!(message.contains("sudo env"), "{message}");
+        assert!(message.contains("/usr/bin/cargo-clippy"), "{message}");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `cargo xtask test`: every test of the project, as CI runs it.
 //!
 //! 1. the eBPF toolchain and object (`build-ebpf --release`, installing what is missing);
-//! 2. `cargo fmt --check` and `cargo clippy --all-targets -D warnings`;
+//! 2. `cargo fmt --check`, `cargo clippy --all-targets -D warnings`, and the same lints on
+//!    `ebpf/` with Debian's clippy (`build_ebpf::clippy`, installing `rust-web-clippy`);
 //! 3. `cargo test` of the host workspace: unit tests, and the accuracy test against
 //!    this machine's kernel (real cgroups, processes and eBPF; root needed);
 //! 4. the accuracy test again inside qemu VMs booting Debian's 6.1 and 6.12 kernels with
@@ -60,6 +61,9 @@ pub fn run(opts: &Options) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    // The host clippy skips ebpf/ (it only builds for bpfel-unknown-none): Debian's clippy of
+    // the eBPF build's own rustc lints it.
+    build_ebpf::clippy()?;
     passed += 1;
 
     stage("host tests (unit tests; accuracy on this kernel)");

@@ -295,23 +295,20 @@ pub fn ensure_prereqs() -> Result<()> {
         || find_in_path("apt-get").is_none()
     {
         bail!(
-            "missing VM prerequisites: {}; install them with `sudo {fix}`",
+            "missing VM prerequisites: {}; install them with `sudo apt-get update && sudo {fix}`",
             why.join("; ")
         );
     }
-    eprintln!("vm: {}; running {fix}", why.join("; "));
-    let install = || {
-        exec::run(
-            Command::new("apt-get")
-                .args(["install", "-y", "--no-install-recommends"])
-                .args(&packages)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )
-    };
-    if install().is_err() {
-        exec::run(Command::new("apt-get").arg("update"))?;
-        install()?;
-    }
+    eprintln!("vm: {}; running apt-get update && {fix}", why.join("; "));
+    // A fresh machine may have no package lists (or stale ones): update first, as apt wants.
+    exec::run(Command::new("apt-get").args(["update", "-q"])).context("apt-get update failed")?;
+    exec::run(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&packages)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+    .with_context(|| format!("{fix} failed"))?;
     missing = missing_prereqs();
     if !missing.is_empty() {
         let why: Vec<&str> = missing.iter().map(|(_, why)| why.as_str()).collect();

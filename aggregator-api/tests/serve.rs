@@ -1,0 +1,272 @@
+//! The server binary on loopback, driven by real kubectl binaries (every installed
+//! version) and a rustls client: health endpoints, HTTP/2, certificate reload, shutdown.
+
+use std::{
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+struct Server {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn start(name: &str, extra: &[&str]) -> Server {
+    let dir = std::env::temp_dir().join(format!("kpulse-serve-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_kpulse-aggregator-api"))
+        .args([
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            &port.to_string(),
+            "--cert-dir",
+        ])
+        .arg(dir.join("certs"))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start server");
+    let s = Server { child, port, dir };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "server did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s
+}
+
+fn kubectls() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir("/usr/lib/google-cloud-sdk/bin")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("kubectl.1."))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    if Path::new("/usr/bin/kubectl").exists() {
+        v.push("/usr/bin/kubectl".into());
+    }
+    v
+}
+
+/// A kubeconfig for the test server (a bearer token kubectl sends; the certificate is not
+/// verified, the server's is self-signed).
+fn kubeconfig(dir: &Path, port: u16) -> PathBuf {
+    let path = dir.join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\nusers:\n- name: anonymous\n  user: {{token: kpulse-test}}\ncontexts:\n- name: t\n  context: {{cluster: t, user: anonymous}}\ncurrent-context: t\n"
+    );
+    std::fs::write(&path, text).expect("kubeconfig");
+    path
+}
+
+fn kubectl(bin: &Path, dir: &Path, port: u16, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(bin)
+        .env("KUBECONFIG", kubeconfig(dir, port))
+        .env("HOME", "/nonexistent")
+        .stdin(Stdio::null())
+        .arg("--request-timeout=10s")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", bin.display()));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn health_endpoints_answer_every_kubectl() {
+    let bins = kubectls();
+    assert!(
+        !bins.is_empty(),
+        "no kubectl installed: the test needs the real client"
+    );
+    let s = start("health", &[]);
+    for bin in &bins {
+        let (ok, out, err) = kubectl(bin, &s.dir, s.port, &["get", "--raw", "/readyz?verbose"]);
+        assert!(ok, "{}: {err}", bin.display());
+        assert_eq!(
+            out,
+            "[+]ping ok\nreadyz check passed\n",
+            "{}",
+            bin.display()
+        );
+        let (ok, out, err) = kubectl(bin, &s.dir, s.port, &["get", "--raw", "/healthz"]);
+        assert!(ok && out == "ok", "{}: {out} {err}", bin.display());
+        let (ok, _, err) = kubectl(bin, &s.dir, s.port, &["get", "--raw", "/nothing-here"]);
+        assert!(
+            !ok && err.contains("NotFound") || err.contains("404"),
+            "{}: {err}",
+            bin.display()
+        );
+    }
+}
+
+/// A TLS client that records what the server presented and which protocol it chose.
+fn handshake(port: u16) -> (Vec<u8>, Option<Vec<u8>>) {
+    use std::sync::Arc;
+
+    #[derive(Debug)]
+    struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
+    impl rustls::client::danger::ServerCertVerifier for AcceptAny {
+        fn verify_server_cert(
+            &self,
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &[rustls::pki_types::CertificateDer<'_>],
+            _: &rustls::pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            m: &[u8],
+            c: &rustls::pki_types::CertificateDer<'_>,
+            d: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                m,
+                c,
+                d,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn verify_tls13_signature(
+            &self,
+            m: &[u8],
+            c: &rustls::pki_types::CertificateDer<'_>,
+            d: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                m,
+                c,
+                d,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut conn = rustls::ClientConnection::new(Arc::new(cfg), name).expect("client");
+    let mut sock = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    while conn.is_handshaking() {
+        conn.complete_io(&mut sock).expect("handshake");
+    }
+    let cert = conn.peer_certificates().expect("server cert")[0].to_vec();
+    (cert, conn.alpn_protocol().map(<[u8]>::to_vec))
+}
+
+#[test]
+fn http2_is_negotiated_and_certificates_reload_without_restart() {
+    let dir = std::env::temp_dir().join(format!("kpulse-certfiles-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let write = |host: &str| {
+        let g = rcgen::generate_simple_self_signed(vec![host.to_string()]).expect("gen");
+        std::fs::write(dir.join("tls.key"), g.signing_key.serialize_pem()).expect("key");
+        std::fs::write(dir.join("tls.crt"), g.cert.pem()).expect("cert");
+    };
+    write("first.example");
+    let cert = dir.join("tls.crt");
+    let key = dir.join("tls.key");
+    let s = start(
+        "files",
+        &[
+            "--tls-cert-file",
+            cert.to_str().expect("utf8"),
+            "--tls-private-key-file",
+            key.to_str().expect("utf8"),
+        ],
+    );
+    let (first, alpn) = handshake(s.port);
+    assert_eq!(alpn.as_deref(), Some(&b"h2"[..]), "HTTP/2 via ALPN");
+    std::thread::sleep(Duration::from_millis(1100));
+    write("second.example");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (now, _) = handshake(s.port);
+        if now != first {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "new certificate not served within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_flags_exit_with_usage_code_and_sigterm_drains() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kpulse-aggregator-api"))
+        .args(["--tls-min-version", "VersionTLS10", "--tls-cert-file", "/x"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("VersionTLS10") && err.contains("go together"),
+        "{err}"
+    );
+
+    let mut s = start("term", &[]);
+    // SAFETY: kill(2) on the child this test started.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc_kill(s.child.id() as i32, 15) };
+    assert_eq!(rc, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = s.child.try_wait().expect("wait") {
+            assert!(status.success(), "exit after SIGTERM: {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no exit within 10 s of SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}

@@ -5,6 +5,7 @@
 //! and the aggregation layer's authentication and authorization arrive next. It does not
 //! collect anything itself: agents push to it.
 
+pub mod api;
 pub mod app;
 pub mod config;
 pub mod health;

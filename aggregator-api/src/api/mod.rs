@@ -1,0 +1,5 @@
+//! The `metrics.k8s.io` API: wire formats (JSON objects, Table, protobuf) and, as they
+//! land, discovery and request handling. Nothing here reads the store directly: handlers
+//! receive what they need from the caller.
+
+pub mod proto;

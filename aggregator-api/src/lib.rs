@@ -9,6 +9,7 @@ pub mod api;
 pub mod app;
 pub mod config;
 pub mod health;
+pub mod quantity;
 pub mod serve;
 pub mod tls;
 

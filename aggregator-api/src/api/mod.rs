@@ -3,3 +3,5 @@
 //! receive what they need from the caller.
 
 pub mod proto;
+pub mod table;
+pub mod types;

@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod app;
+pub mod auth;
 pub mod config;
 pub mod health;
 pub mod quantity;

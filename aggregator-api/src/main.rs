@@ -60,9 +60,10 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let certs = tls::ReloadingCert::new(cert, key)?;
     tokio::spawn(certs.clone().watch(Duration::from_secs(1)));
     let provider = tls::provider_with(tls::cipher_suites(&cfg.tls_cipher_suites)?);
+    let client_certs = kpulse_aggregator_api::auth::tls::RequestClientCert::new(&provider);
     let mut server_config = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&tls::protocol_versions(&cfg.tls_min_version)?)?
-        .with_no_client_auth()
+        .with_client_cert_verifier(client_certs)
         .with_cert_resolver(certs);
     server_config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
 

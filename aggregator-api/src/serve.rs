@@ -55,8 +55,9 @@ impl Default for Limits {
 pub struct Peer {
     /// Remote address.
     pub addr: SocketAddr,
-    /// The client's certificate chain, if it presented one (verified by the TLS layer
-    /// against the configured client CAs; authentication decides what it proves).
+    /// The client's certificate chain, if it presented one. **Unverified**: the TLS
+    /// layer only checked possession of the key (see `auth::tls`); authentication
+    /// verifies it against the current CA bundles before believing anything in it.
     pub client_certs: Option<Arc<Vec<CertificateDer<'static>>>>,
 }
 
@@ -195,5 +196,150 @@ pub async fn serve<H: Handler>(
         .is_err()
     {
         tracing::warn!(timeout = ?limits.drain_timeout, "connections still open after the drain timeout; closing");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::x509::testing::TestCa;
+
+    /// Answers with the CN of the client certificate the connection presented.
+    struct EchoCn;
+
+    impl Handler for EchoCn {
+        async fn handle(&self, _req: Request<Bytes>, peer: &Peer) -> Response<Full<Bytes>> {
+            let cn = peer
+                .client_certs
+                .as_ref()
+                .and_then(|c| c.first())
+                .and_then(|c| crate::auth::x509::identity(c).ok())
+                .map_or("none".to_string(), |u| u.name);
+            text(StatusCode::OK, cn)
+        }
+    }
+
+    fn server_config() -> Arc<rustls::ServerConfig> {
+        let g = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(g.signing_key.serialize_der()).expect("key");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut c = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_client_cert_verifier(crate::auth::tls::RequestClientCert::new(&provider))
+            .with_single_cert(vec![g.cert.der().clone()], key)
+            .expect("config");
+        c.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Arc::new(c)
+    }
+
+    #[derive(Debug)]
+    struct NoServerCheck(Arc<rustls::crypto::CryptoProvider>);
+
+    impl rustls::client::danger::ServerCertVerifier for NoServerCheck {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &rustls::pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            m: &[u8],
+            c: &CertificateDer<'_>,
+            d: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                m,
+                c,
+                d,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn verify_tls13_signature(
+            &self,
+            m: &[u8],
+            c: &CertificateDer<'_>,
+            d: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                m,
+                c,
+                d,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+
+    /// One HTTP/1.1 GET over TLS, optionally with a client certificate.
+    async fn get(
+        port: u16,
+        client: Option<(
+            CertificateDer<'static>,
+            rustls::pki_types::PrivateKeyDer<'static>,
+        )>,
+    ) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let b = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoServerCheck(provider)));
+        let cfg = match client {
+            Some((c, k)) => b.with_client_auth_cert(vec![c], k).expect("client cert"),
+            None => b.with_no_client_auth(),
+        };
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(name, tcp)
+            .await
+            .expect("handshake");
+        tls.write_all(b"GET / HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let mut out = String::new();
+        tls.read_to_string(&mut out).await.expect("read");
+        out.rsplit("\r\n\r\n").next().unwrap_or("").to_string()
+    }
+
+    #[tokio::test]
+    async fn client_certificates_reach_the_handler_unjudged() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(
+            listener,
+            server_config(),
+            Arc::new(EchoCn),
+            Limits::default(),
+            async {
+                let _ = stop_rx.await;
+            },
+        ));
+        // No certificate: fine, and nothing to report.
+        assert_eq!(get(port, None).await, "none");
+        // A certificate from any CA is passed on for authentication to judge.
+        let ca = TestCa::new("some-ca");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = ca.client_with_key("front-proxy-client", &key);
+        let der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("key der");
+        assert_eq!(get(port, Some((cert, der))).await, "front-proxy-client");
+        let _ = stop_tx.send(());
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("drained in time")
+            .expect("server task");
     }
 }

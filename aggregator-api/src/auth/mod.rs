@@ -12,6 +12,7 @@
 //! arrive next; nothing here talks to the Kubernetes API.
 
 pub mod requestheader;
+pub mod tls;
 pub mod x509;
 
 use std::collections::BTreeMap;

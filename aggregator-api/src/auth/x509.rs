@@ -168,6 +168,14 @@ pub(crate) mod testing {
             cert.der().clone()
         }
 
+        /// A client certificate for a given key.
+        pub fn client_with_key(&self, cn: &str, key: &KeyPair) -> CertificateDer<'static> {
+            let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+            p.distinguished_name.push(DnType::CommonName, cn);
+            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            p.signed_by(key, &self.issuer).expect("sign").der().clone()
+        }
+
         /// An expired client certificate.
         pub fn expired_client(&self, cn: &str) -> CertificateDer<'static> {
             let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");

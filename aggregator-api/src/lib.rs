@@ -12,6 +12,7 @@ pub mod config;
 pub mod health;
 pub mod quantity;
 pub mod serve;
+pub mod store;
 pub mod tls;
 
 /// `outer: cause: root cause`, for log fields.

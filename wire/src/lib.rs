@@ -2,3 +2,231 @@
 //! *cumulative* counters with their timestamps (rates are derived by the server, from two
 //! points, as metrics-server does). This crate has no I/O and no codec yet: transport,
 //! framing and versioned encoding arrive with the stream (a later milestone).
+//!
+//! # What a batch means
+//!
+//! A [`NodeBatch`] is a **full snapshot** of one node: the node's own totals and every pod
+//! the agent could attribute on that tick. There are no removal messages: a pod that is
+//! missing from a node's batch is gone from that node, and the aggregator forgets it. An
+//! agent that cannot measure every container of a pod leaves the whole pod out (as
+//! metrics-server drops a pod whose container metrics are incomplete), rather than sending
+//! a partial pod that would look like a pod with fewer containers.
+//!
+//! # Units
+//!
+//! Every quantity is an integer in a newtype that names its unit ([`CpuNanos`], [`Bytes`],
+//! [`UnixNanos`]); there are no floats. CPU is a cumulative counter, never a rate: the agent
+//! does not divide by anything. Timestamps are wall-clock (`CLOCK_REALTIME`) nanoseconds,
+//! because the served metrics carry wall-clock timestamps and the aggregator compares
+//! them with its own clock to expire old data.
+//!
+//! # Instances and restarts
+//!
+//! A cumulative counter only makes sense within one *instance* of a container (one cgroup).
+//! [`ContainerSample::cgroup_id`] and [`ContainerSample::started_at`] identify the instance:
+//! when either changes between two samples of the same container name, the aggregator treats
+//! the container as restarted and never subtracts counters of two different instances. Both
+//! must therefore be *stable*: the same value in every sample of one instance.
+//!
+//! # What this crate is not
+//!
+//! Not the kernel ABI (`kpulse-common` is), not a codec, not a client: plain data with serde
+//! derives. Pod labels and other metadata are not carried: the aggregator takes them from the
+//! API server, which owns them, instead of receiving them from every node every tick.
+
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+/// Cumulative CPU time in nanoseconds (a counter that only grows within one instance).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct CpuNanos(pub u64);
+
+/// A quantity of memory in bytes.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Bytes(pub u64);
+
+/// A wall-clock instant: nanoseconds since the Unix epoch (`CLOCK_REALTIME`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct UnixNanos(pub u64);
+
+impl UnixNanos {
+    /// Converts a [`SystemTime`]; instants before the epoch become 0 and instants past
+    /// `u64::MAX` nanoseconds (year 2554) saturate.
+    pub fn from_system_time(t: SystemTime) -> UnixNanos {
+        let since_epoch = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        UnixNanos(u64::try_from(since_epoch.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// The same instant as a [`SystemTime`].
+    pub fn to_system_time(self) -> SystemTime {
+        // Cannot overflow: u64 nanoseconds end in 2554, far inside SystemTime's range.
+        SystemTime::UNIX_EPOCH
+            .checked_add(Duration::from_nanos(self.0))
+            .unwrap_or(SystemTime::UNIX_EPOCH)
+    }
+
+    /// The time from `earlier` to `self`, or `None` when `earlier` is not before `self`.
+    pub fn checked_since(self, earlier: UnixNanos) -> Option<Duration> {
+        match self.0.checked_sub(earlier.0) {
+            Some(d) if d > 0 => Some(Duration::from_nanos(d)),
+            _ => None,
+        }
+    }
+}
+
+/// A cgroup id: the kernfs node id, which is also the inode number of the cgroup's
+/// directory. Unique per boot, so a new container instance (a new cgroup) gets a new id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CgroupId(pub u64);
+
+/// Everything one node's agent sends for one tick: a full snapshot of that node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeBatch {
+    /// The Kubernetes `Node` name (`metadata.name`) this batch describes.
+    pub node_name: String,
+    /// When the agent assembled the batch (the agent's clock). For transport-lag
+    /// diagnostics; the aggregator orders points by their own timestamps, not by this.
+    pub sent_at: UnixNanos,
+    /// The node's own totals.
+    pub node: NodeSample,
+    /// Every pod on the node the agent attributed this tick. A pod absent here is gone.
+    pub pods: Vec<PodSample>,
+}
+
+/// A node's totals at one instant, defined as kubelet defines them for the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeSample {
+    /// When the counters were read.
+    pub timestamp: UnixNanos,
+    /// When [`NodeSample::cpu`] was zero: the node's boot time. `None` if unknown. A change
+    /// means the node rebooted.
+    #[serde(default)]
+    pub started_at: Option<UnixNanos>,
+    /// Cumulative CPU time of the whole node since boot (the root cgroup's usage).
+    pub cpu: CpuNanos,
+    /// Working set of the whole node: `MemTotal - MemFree - inactive_file(root)`, floored at 0.
+    pub memory_working_set: Bytes,
+}
+
+/// One pod's containers at one tick.
+///
+/// Namespace and name are the keys the Metrics API serves by; the uid tells a pod from a
+/// later pod of the same name (a StatefulSet replica recreated on the same node).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodSample {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// Every container of the pod the agent measured; all of them, or the pod is left out.
+    pub containers: Vec<ContainerSample>,
+}
+
+/// One container's counters at one instant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerSample {
+    /// The container's name in the pod spec.
+    pub name: String,
+    /// When the counters were read.
+    pub timestamp: UnixNanos,
+    /// The id of the cgroup the counters come from; a different id is a different instance
+    /// (a restart). `None` if unknown.
+    #[serde(default)]
+    pub cgroup_id: Option<CgroupId>,
+    /// When this instance's counters were zero: the container cgroup's creation. It must
+    /// be the same value in every sample of one instance (compute it once). A change is a
+    /// restart; a recent value lets the aggregator serve a rate after the first sample.
+    /// `None` if unknown (then the first rate needs two samples).
+    #[serde(default)]
+    pub started_at: Option<UnixNanos>,
+    /// Cumulative CPU time of this instance.
+    pub cpu: CpuNanos,
+    /// Working set: memory usage minus `inactive_file`, floored at 0.
+    pub memory_working_set: Bytes,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch() -> NodeBatch {
+        NodeBatch {
+            node_name: "node-a".into(),
+            sent_at: UnixNanos(1_700_000_000_500_000_000),
+            node: NodeSample {
+                timestamp: UnixNanos(1_700_000_000_000_000_000),
+                started_at: Some(UnixNanos(1_699_000_000_000_000_000)),
+                cpu: CpuNanos(123_456_789),
+                memory_working_set: Bytes(4 << 30),
+            },
+            pods: vec![PodSample {
+                uid: "0b5e-uid".into(),
+                namespace: "default".into(),
+                name: "web-0".into(),
+                containers: vec![ContainerSample {
+                    name: "app".into(),
+                    timestamp: UnixNanos(1_700_000_000_000_000_000),
+                    cgroup_id: Some(CgroupId(4242)),
+                    started_at: None,
+                    cpu: CpuNanos(1_000),
+                    memory_working_set: Bytes(1 << 20),
+                }],
+            }],
+        }
+    }
+
+    #[test]
+    fn json_round_trip_keeps_every_field() {
+        let b = batch();
+        let json = serde_json::to_string(&b).expect("serialize");
+        let back: NodeBatch = serde_json::from_str(&json).expect("deserialize");
+        assert_eq!(back, b);
+    }
+
+    #[test]
+    fn units_serialize_as_bare_integers() {
+        let json = serde_json::to_value(batch()).expect("serialize");
+        assert_eq!(json["node"]["cpu"], 123_456_789);
+        assert_eq!(json["pods"][0]["containers"][0]["cgroup_id"], 4242);
+        assert!(json["pods"][0]["containers"][0]["started_at"].is_null());
+    }
+
+    #[test]
+    fn optional_identity_fields_may_be_absent() {
+        let json = r#"{"name":"app","timestamp":5,"cpu":1,"memory_working_set":2}"#;
+        let c: ContainerSample = serde_json::from_str(json).expect("deserialize");
+        assert_eq!(c.cgroup_id, None);
+        assert_eq!(c.started_at, None);
+        assert_eq!(c.timestamp, UnixNanos(5));
+    }
+
+    #[test]
+    fn unix_nanos_conversions() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_nanos(42);
+        assert_eq!(UnixNanos::from_system_time(t), UnixNanos(42));
+        assert_eq!(UnixNanos(42).to_system_time(), t);
+        let max = UnixNanos(u64::MAX);
+        assert_eq!(UnixNanos::from_system_time(max.to_system_time()), max);
+        let before = SystemTime::UNIX_EPOCH - Duration::from_secs(1);
+        assert_eq!(UnixNanos::from_system_time(before), UnixNanos(0));
+        assert_eq!(
+            UnixNanos(10).checked_since(UnixNanos(4)),
+            Some(Duration::from_nanos(6))
+        );
+        assert_eq!(UnixNanos(4).checked_since(UnixNanos(4)), None);
+        assert_eq!(UnixNanos(4).checked_since(UnixNanos(10)), None);
+    }
+}

@@ -1,0 +1,1926 @@
+//! The in-memory metrics store: the last two cumulative points per node and per container,
+//! rates derived at read time, readiness, expiry. Pure data structures: no HTTP, no
+//! Kubernetes client, no async; the ingest layer hands it [`NodeBatch`]es and the API layer
+//! asks it for [`NodeMetricsPoint`]s and [`PodMetricsPoint`]s.
+//!
+//! # Model (as metrics-server's `pkg/storage`)
+//!
+//! - **Two points, rates at read.** For the node and for every container the store keeps the
+//!   last point (timestamp, cumulative CPU, working set, instance identity) and the CPU and
+//!   timestamp of the point before it. A read computes
+//!   `cpu = Δcpu_ns × 10⁹ / Δt_ns` nanocores in integers (`u128`, saturating to `u64`), with
+//!   `window = Δt` and `timestamp = last.timestamp`; memory is the last working set. There
+//!   is no float anywhere.
+//! - **Full snapshot per node.** A batch replaces the node's whole pod set: a pod that is
+//!   not in the batch is forgotten, and a container that is not in its pod's sample is too.
+//! - **Restarts.** A new point whose cumulative CPU is lower than the last one's, or whose
+//!   instance identity changed (`cgroup_id` or `started_at`, when both points carry it), or
+//!   a pod whose uid changed, starts a *new instance*: the old points are never subtracted
+//!   from the new ones. metrics-server detects a restart when the new start time is after
+//!   the last point's timestamp; we compare for equality instead, because our agent reports
+//!   exact, per-instance-constant values (see `kpulse_wire::ContainerSample`), and the
+//!   cgroup id catches a restart whatever the clocks say.
+//! - **Out-of-order points** (the agent's clock stepped back): the new point always becomes
+//!   the last one, as in metrics-server; it keeps the previous point only if that one is
+//!   strictly older, so there is no rate for the regressed point and rates resume with the
+//!   next tick instead of waiting for the clock to catch up.
+//! - **Pods are all or nothing**: a pod is served only when every container in its latest
+//!   sample has a rate, as metrics-server's `podStorage.GetMetrics` (a container without a
+//!   previous point hides the pod). Its timestamp and window are those of the container
+//!   with the earliest timestamp (`api.TimeInfo`).
+//!
+//! # First-interval visibility (a deliberate difference)
+//!
+//! Without help a new container needs two points, so it stays invisible for one whole
+//! interval after its first sample. When the first point of an instance carries
+//! `started_at` — the instant its counters were zero, i.e. the cgroup's creation — the store
+//! uses `(started_at, cpu = 0)` as the previous point, so the container (or node, with its
+//! boot time) is served right after its first sample, with `window = timestamp − started_at`.
+//! This only happens when
+//!
+//! - there is no usable previous point of the same instance (a real one always wins: it is
+//!   more recent than the start), and
+//! - `0 < timestamp − started_at ≤` [`StoreConfig::first_point_max_age`].
+//!
+//! The upper bound keeps old containers out: after an aggregator restart every container
+//! is "first seen", and `cpu / lifetime` of a week-old container is a lifetime average, not
+//! current usage. Such containers wait for a second point. The default (15 s) is
+//! metrics-server's default resolution, so a first window is never longer than the windows
+//! metrics-server serves in steady state. metrics-server has the same mechanism
+//! (`freshContainerMinMetricsResolution`) but applies it only to containers aged between
+//! 10 s and one resolution, because kubelet's start time is the runtime's start, not the
+//! counter's zero, and its stats may lag; ours is the counter's zero and our timestamp is the
+//! read time, so a short window is exact, and the served window says how short it is.
+//!
+//! # Expiry
+//!
+//! Data is *fresh* while both its own timestamp and the time the store received it are at
+//! most [`StoreConfig::metric_expiry`] before the store's [`Clock`]. The timestamp catches
+//! an agent sending old data (a backlog); the receive time catches a dead agent whose clock
+//! runs ahead. Reads never serve data that is not fresh. Ingest never uses an expired point
+//! as a previous point (a node that comes back after a gap starts over instead of reporting
+//! one rate over the whole gap). Nodes whose last batch expired are removed by
+//! [`Store::housekeep`], which ingest also runs by itself once per `metric_expiry`, so
+//! expired data stays in memory for at most two expiry periods.
+//!
+//! # Readiness
+//!
+//! As metrics-server's `storage.Ready`: ready when some node has a servable node rate *and*
+//! some container has a servable rate. Changes are logged when [`Store::ready`] sees them.
+//!
+//! # Concurrency
+//!
+//! Readers never take a lock and never wait for a writer: everything is reached through
+//! `arc_swap::ArcSwap` pointers to immutable values.
+//!
+//! - Each node has a cell holding an `ArcSwap<NodeState>`: an immutable snapshot of the node
+//!   and all its pods. Ingest builds the next snapshot next to the current one and swaps the
+//!   pointer, so a reader sees a whole batch or the previous one, never a mix. Ingesting a
+//!   batch costs the size of that batch only: no other node is copied. Ingest must be
+//!   single-writer per node (one agent stream per node); two concurrent batches for the
+//!   same node do not corrupt anything, but one of them is lost.
+//! - Finding cells: nodes by name in 64 shards, pods by `namespace/name` in 16,384 shards,
+//!   each shard an `ArcSwap<HashMap>` replaced copy-on-write. Only node arrival/removal and
+//!   pod arrival/removal write there, and each write copies one small shard (about 80 nodes
+//!   or about 34 pods at 5,000 nodes × 110 pods), never the whole map; a batch's arrivals and
+//!   departures are grouped so that each touched shard is copied once. The pod index points
+//!   at the node's cell, so a pod read is two hash lookups. A pod listed by two nodes at once
+//!   (a deleted pod's name reused elsewhere before the old node noticed) is served from the
+//!   node that reported it most recently; [`Store::pods`] lists both.
+//! - Removing a node marks its cell removed before unlinking it, so a reader that still
+//!   holds the cell serves nothing from it, and an ingest that raced with the removal takes
+//!   back the index entries it added.
+//!
+//! No concurrent-map crate is needed: `dashmap` would put reader-writer locks on the read
+//! path, and lock-free maps (`papaya`, `scc`) would buy little, since the maps only change
+//! when pods or nodes come and go; `arc-swap` is already a workspace dependency. Nothing
+//! here blocks, so the store can be called from async tasks directly.
+
+use std::borrow::Borrow;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use kpulse_wire::{Bytes, CgroupId, ContainerSample, CpuNanos, NodeBatch, NodeSample, UnixNanos};
+
+/// Default for [`StoreConfig::first_point_max_age`]: metrics-server's default resolution.
+pub const DEFAULT_FIRST_POINT_MAX_AGE: Duration = Duration::from_secs(15);
+
+/// Shards of the node-name table (node arrival copies one shard).
+const NODE_SHARDS: usize = 64;
+/// Shards of the pod index (pod arrival copies one shard; ~34 pods each at 550,000 pods).
+const POD_SHARDS: usize = 16384;
+
+/// A CPU usage rate in nanocores: 10⁹ is one core fully busy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NanoCores(pub u64);
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configuration value that cannot work.
+    #[error("invalid store configuration: {field} {reason}")]
+    InvalidConfig {
+        /// The [`StoreConfig`] field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A batch without a node name: it cannot be attributed to any node.
+    #[error("batch has an empty node name")]
+    EmptyNodeName,
+}
+
+/// This module's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How long data lives and when a start time may stand in for a previous point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// Data older than this (by its timestamp or by when it was received) is not served,
+    /// not used as a previous point, and removed by housekeeping. Must be positive.
+    pub metric_expiry: Duration,
+    /// The oldest an instance may be at its first point for its start time to serve as the
+    /// previous point (see the module docs). Zero disables first-interval visibility.
+    pub first_point_max_age: Duration,
+}
+
+impl StoreConfig {
+    /// A configuration with the given expiry and [`DEFAULT_FIRST_POINT_MAX_AGE`].
+    pub fn new(metric_expiry: Duration) -> StoreConfig {
+        StoreConfig {
+            metric_expiry,
+            first_point_max_age: DEFAULT_FIRST_POINT_MAX_AGE,
+        }
+    }
+}
+
+/// Where the store reads "now" from: expiry and the receive time of batches.
+pub trait Clock: Send + Sync {
+    /// The current wall-clock time.
+    fn now(&self) -> UnixNanos;
+}
+
+/// The system's wall clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> UnixNanos {
+        UnixNanos::from_system_time(SystemTime::now())
+    }
+}
+
+/// A clock that only moves when told to, for tests and benchmarks. Share it with the store
+/// through an `Arc`.
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicU64);
+
+impl ManualClock {
+    /// A clock reading `now`.
+    pub fn new(now: UnixNanos) -> ManualClock {
+        ManualClock(AtomicU64::new(now.0))
+    }
+
+    /// Sets the time (it may go backwards).
+    pub fn set(&self, now: UnixNanos) {
+        self.0.store(now.0, Ordering::SeqCst);
+    }
+
+    /// Moves the time forward, saturating.
+    pub fn advance(&self, by: Duration) {
+        let by = duration_nanos(by);
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
+                Some(t.saturating_add(by))
+            });
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> UnixNanos {
+        UnixNanos(self.0.load(Ordering::SeqCst))
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now(&self) -> UnixNanos {
+        (**self).now()
+    }
+}
+
+/// A pod's `namespace/name`, the key the Metrics API serves pods by. Cheap to clone.
+#[derive(Clone)]
+pub struct PodKey {
+    /// `namespace/name`; the namespace contains no `/`.
+    full: Arc<str>,
+    ns_len: usize,
+}
+
+impl PodKey {
+    /// The key of a pod, or `None` if the namespace or name is empty or the namespace
+    /// contains `/` (Kubernetes allows neither).
+    pub fn new(namespace: &str, name: &str) -> Option<PodKey> {
+        let mut buf = String::new();
+        write_key(&mut buf, namespace, name).then(|| PodKey::from_key_str(&buf))
+    }
+
+    fn from_key_str(full: &str) -> PodKey {
+        PodKey {
+            ns_len: full.find('/').unwrap_or(full.len()),
+            full: Arc::from(full),
+        }
+    }
+
+    /// `metadata.namespace`.
+    pub fn namespace(&self) -> &str {
+        self.full.get(..self.ns_len).unwrap_or_default()
+    }
+
+    /// `metadata.name`.
+    pub fn name(&self) -> &str {
+        self.full.get(self.ns_len + 1..).unwrap_or_default()
+    }
+}
+
+impl PartialEq for PodKey {
+    fn eq(&self, other: &PodKey) -> bool {
+        self.full == other.full
+    }
+}
+
+impl Eq for PodKey {}
+
+impl Hash for PodKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // Must hash as the `str` it borrows as.
+        (*self.full).hash(state);
+    }
+}
+
+impl Borrow<str> for PodKey {
+    fn borrow(&self) -> &str {
+        &self.full
+    }
+}
+
+impl fmt::Debug for PodKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.full, f)
+    }
+}
+
+impl fmt::Display for PodKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.full)
+    }
+}
+
+/// Writes `namespace/name` into `buf`; false if that would not be a valid [`PodKey`].
+fn write_key(buf: &mut String, namespace: &str, name: &str) -> bool {
+    buf.clear();
+    if namespace.is_empty() || name.is_empty() || namespace.contains('/') {
+        return false;
+    }
+    buf.push_str(namespace);
+    buf.push('/');
+    buf.push_str(name);
+    true
+}
+
+/// A node's usage, ready to become a `NodeMetrics` object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeMetricsPoint {
+    /// The node's name.
+    pub name: Arc<str>,
+    /// When the last point was read (the agent's clock).
+    pub timestamp: UnixNanos,
+    /// The time between the two points the CPU rate comes from.
+    pub window: Duration,
+    /// Average CPU usage over `window`.
+    pub cpu: NanoCores,
+    /// Working set at `timestamp`.
+    pub memory: Bytes,
+}
+
+/// A pod's usage, ready to become a `PodMetrics` object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodMetricsPoint {
+    /// Namespace and name.
+    pub key: PodKey,
+    /// `metadata.uid` as the agent reported it; lets the API layer check that these metrics
+    /// are of the pod object it holds and not of an earlier pod with the same name.
+    pub uid: Arc<str>,
+    /// The node the pod's metrics came from.
+    pub node: Arc<str>,
+    /// The earliest last-point timestamp among the containers.
+    pub timestamp: UnixNanos,
+    /// The window of the container with that earliest timestamp.
+    pub window: Duration,
+    /// Every container of the pod's latest sample, in the agent's order.
+    pub containers: Vec<ContainerMetricsPoint>,
+}
+
+/// One container's usage within a [`PodMetricsPoint`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerMetricsPoint {
+    /// The container's name.
+    pub name: Arc<str>,
+    /// Average CPU usage over the container's window.
+    pub cpu: NanoCores,
+    /// Working set at the container's last point.
+    pub memory: Bytes,
+}
+
+/// What one [`Store::ingest`] did, for the ingest layer's metrics and logs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IngestSummary {
+    /// Pods stored.
+    pub pods: usize,
+    /// Containers stored.
+    pub containers: usize,
+    /// Containers (and the node) whose new point started a new instance: a restart, a
+    /// reboot, or a pod recreated under the same name.
+    pub restarts: usize,
+    /// Pods left out because the batch had the same `namespace/name` earlier, and
+    /// containers left out because their pod had the same name earlier (first one wins).
+    pub duplicates: usize,
+    /// Pods left out because of an invalid namespace or name, an empty container name,
+    /// or no containers at all.
+    pub invalid: usize,
+}
+
+// ---------------------------------------------------------------------------------------
+// Stored state: immutable once published.
+
+/// One measured point; the identity fields tell instances apart.
+#[derive(Clone, Copy, Debug)]
+struct Point {
+    timestamp: UnixNanos,
+    cpu: CpuNanos,
+    memory: Bytes,
+    started_at: Option<UnixNanos>,
+    cgroup_id: Option<CgroupId>,
+}
+
+impl Point {
+    fn of_container(c: &ContainerSample) -> Point {
+        Point {
+            timestamp: c.timestamp,
+            cpu: c.cpu,
+            memory: c.memory_working_set,
+            started_at: c.started_at,
+            cgroup_id: c.cgroup_id,
+        }
+    }
+
+    fn of_node(n: &NodeSample) -> Point {
+        Point {
+            timestamp: n.timestamp,
+            cpu: n.cpu,
+            memory: n.memory_working_set,
+            started_at: n.started_at,
+            cgroup_id: None,
+        }
+    }
+
+    /// Same instance unless an identity field is known in both points and differs.
+    fn same_instance(&self, new: &Point) -> bool {
+        fn agree<T: PartialEq>(a: Option<T>, b: Option<T>) -> bool {
+            match (a, b) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+        }
+        agree(self.cgroup_id, new.cgroup_id) && agree(self.started_at, new.started_at)
+    }
+}
+
+/// What a rate is computed from: the earlier point's time and counter.
+#[derive(Clone, Copy, Debug)]
+struct Base {
+    timestamp: UnixNanos,
+    cpu: CpuNanos,
+}
+
+/// The last point of one instance and, when known, the one before it.
+#[derive(Clone, Copy, Debug)]
+struct Series {
+    last: Point,
+    prev: Option<Base>,
+}
+
+#[derive(Debug)]
+struct ContainerState {
+    name: Arc<str>,
+    series: Series,
+}
+
+#[derive(Debug)]
+struct PodState {
+    key: PodKey,
+    uid: Arc<str>,
+    containers: Box<[ContainerState]>,
+}
+
+/// One node as of its latest batch.
+#[derive(Debug, Default)]
+struct NodeState {
+    /// The store's clock when the batch arrived; 0 for a cell that never got one.
+    received_at: UnixNanos,
+    node: Option<Series>,
+    pods: HashMap<PodKey, PodState>,
+}
+
+#[derive(Debug)]
+struct NodeCell {
+    name: Arc<str>,
+    state: ArcSwap<NodeState>,
+    /// Set once the cell left the node table; readers then ignore it.
+    removed: AtomicBool,
+}
+
+/// The rate derived from a series.
+#[derive(Clone, Copy, Debug)]
+struct Rate {
+    timestamp: UnixNanos,
+    window: Duration,
+    cpu: NanoCores,
+    memory: Bytes,
+}
+
+/// Limits in nanoseconds, as the hot paths use them.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    expiry: u64,
+    first_point_max_age: u64,
+}
+
+impl Limits {
+    /// At most `expiry` old, by `now`. Timestamps ahead of `now` count as fresh; the
+    /// receive-time check bounds how long that can last.
+    fn fresh(&self, t: UnixNanos, now: UnixNanos) -> bool {
+        now.0.saturating_sub(t.0) <= self.expiry
+    }
+
+    /// The series of a point with no usable predecessor of its own instance.
+    fn first(&self, last: Point) -> Series {
+        let prev = last.started_at.and_then(|start| {
+            let age = last.timestamp.0.checked_sub(start.0)?;
+            (age > 0 && age <= self.first_point_max_age).then_some(Base {
+                timestamp: start,
+                cpu: CpuNanos(0),
+            })
+        });
+        Series { last, prev }
+    }
+
+    /// The series after `new` arrives; true when `new` starts a new instance.
+    fn advance(&self, old: Option<&Series>, new: Point, now: UnixNanos) -> (Series, bool) {
+        let Some(old) = old else {
+            return (self.first(new), false);
+        };
+        if !old.last.same_instance(&new) {
+            return (self.first(new), true);
+        }
+        if new.timestamp > old.last.timestamp {
+            if new.cpu < old.last.cpu {
+                // The counter went backwards: a new instance we could not otherwise tell.
+                return (self.first(new), true);
+            }
+            if self.fresh(old.last.timestamp, now) {
+                let prev = Base {
+                    timestamp: old.last.timestamp,
+                    cpu: old.last.cpu,
+                };
+                return (
+                    Series {
+                        last: new,
+                        prev: Some(prev),
+                    },
+                    false,
+                );
+            }
+            return (self.first(new), false);
+        }
+        // A repeated or older point: keep the previous point only if it is still older.
+        match old.prev {
+            Some(p)
+                if p.timestamp < new.timestamp
+                    && p.cpu <= new.cpu
+                    && self.fresh(p.timestamp, now) =>
+            {
+                (
+                    Series {
+                        last: new,
+                        prev: Some(p),
+                    },
+                    false,
+                )
+            }
+            _ => (self.first(new), false),
+        }
+    }
+
+    /// The rate of a series, if it has one and its last point is fresh.
+    fn rate(&self, s: &Series, now: UnixNanos) -> Option<Rate> {
+        if !self.fresh(s.last.timestamp, now) {
+            return None;
+        }
+        let prev = s.prev?;
+        let (cpu, window) = cpu_rate(prev, &s.last)?;
+        Some(Rate {
+            timestamp: s.last.timestamp,
+            window,
+            cpu,
+            memory: s.last.memory,
+        })
+    }
+}
+
+/// `Δcpu × 10⁹ / Δt` in nanocores, saturating; `None` unless time moved forward and the
+/// counter did not move back.
+fn cpu_rate(prev: Base, last: &Point) -> Option<(NanoCores, Duration)> {
+    let dt = last.timestamp.0.checked_sub(prev.timestamp.0)?;
+    if dt == 0 {
+        return None;
+    }
+    let dcpu = last.cpu.0.checked_sub(prev.cpu.0)?;
+    // u64::MAX × 10⁹ < 2⁹⁴: no overflow in u128.
+    let rate = u128::from(dcpu) * 1_000_000_000 / u128::from(dt);
+    Some((
+        NanoCores(u64::try_from(rate).unwrap_or(u64::MAX)),
+        Duration::from_nanos(dt),
+    ))
+}
+
+fn duration_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+// ---------------------------------------------------------------------------------------
+// Copy-on-write sharded maps keyed by strings.
+
+struct ShardedMap<K, V> {
+    hasher: RandomState,
+    shards: Box<[ArcSwap<HashMap<K, V>>]>,
+}
+
+impl<K, V> ShardedMap<K, V>
+where
+    K: Borrow<str> + Hash + Eq + Clone,
+    V: Clone,
+{
+    /// `count` must be a power of two.
+    fn new(count: usize) -> Self {
+        ShardedMap {
+            hasher: RandomState::new(),
+            shards: (0..count).map(|_| ArcSwap::default()).collect(),
+        }
+    }
+
+    fn index(&self, key: &str) -> usize {
+        // Truncating the hash is fine: only the low bits pick the shard.
+        (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1)
+    }
+
+    fn shard(&self, key: &str) -> &ArcSwap<HashMap<K, V>> {
+        &self.shards[self.index(key)]
+    }
+
+    /// Applies `edit` to a copy of shard `index` and publishes it; retried if another
+    /// writer published first.
+    fn edit(&self, index: usize, mut edit: impl FnMut(&mut HashMap<K, V>)) {
+        if let Some(shard) = self.shards.get(index) {
+            shard.rcu(|current| {
+                let mut next = HashMap::clone(current);
+                edit(&mut next);
+                next
+            });
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The store.
+
+/// The metrics store. Share it (`Arc<Store>`) between the ingest layer and the API layer.
+pub struct Store<C = SystemClock> {
+    limits: Limits,
+    clock: C,
+    /// Node name → cell.
+    nodes: ShardedMap<Arc<str>, Arc<NodeCell>>,
+    /// `namespace/name` → the cell of the node that reported the pod most recently.
+    pods: ShardedMap<PodKey, Arc<NodeCell>>,
+    /// When housekeeping last ran (store clock).
+    last_sweep: AtomicU64,
+    /// Readiness as last seen by [`Store::ready`]: bit 0 nodes, bit 1 pods.
+    readiness: AtomicU8,
+}
+
+impl<C> fmt::Debug for Store<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store<SystemClock> {
+    /// A store on the system clock.
+    pub fn new(config: StoreConfig) -> Result<Store<SystemClock>> {
+        Store::with_clock(config, SystemClock)
+    }
+}
+
+impl<C: Clock> Store<C> {
+    /// A store reading time from `clock`.
+    pub fn with_clock(config: StoreConfig, clock: C) -> Result<Store<C>> {
+        if config.metric_expiry.is_zero() {
+            return Err(Error::InvalidConfig {
+                field: "metric_expiry",
+                reason: "must be positive",
+            });
+        }
+        let now = clock.now();
+        Ok(Store {
+            limits: Limits {
+                expiry: duration_nanos(config.metric_expiry),
+                first_point_max_age: duration_nanos(config.first_point_max_age),
+            },
+            clock,
+            nodes: ShardedMap::new(NODE_SHARDS),
+            pods: ShardedMap::new(POD_SHARDS),
+            last_sweep: AtomicU64::new(now.0),
+            readiness: AtomicU8::new(0),
+        })
+    }
+
+    /// Stores one node's batch, replacing everything known about that node's pods.
+    ///
+    /// Single writer per node: batches of one node must not be ingested concurrently
+    /// (different nodes may). Never panics; malformed pods are skipped and counted.
+    pub fn ingest(&self, batch: NodeBatch) -> Result<IngestSummary> {
+        if batch.node_name.is_empty() {
+            return Err(Error::EmptyNodeName);
+        }
+        let now = self.clock.now();
+        let cell = self.cell_for(&batch.node_name);
+        let old = cell.state.load_full();
+        let (state, summary, added, removed) = self.next_state(&old, batch, now);
+        let state = Arc::new(state);
+        cell.state.store(Arc::clone(&state));
+
+        self.index_pods(&cell, &added, &removed);
+        if cell.removed.load(Ordering::SeqCst) {
+            // Housekeeping or `remove_node` detached the cell while we wrote to it: take
+            // back the index entries we may have added after its cleanup.
+            self.unindex_pods(&cell, state.pods.keys());
+        }
+        self.maybe_sweep(now);
+        Ok(summary)
+    }
+
+    /// Usage of the named nodes, in the same order; `None` where there is nothing fresh to
+    /// serve (unknown node, a single point, expired data).
+    pub fn node_metrics(&self, names: &[&str]) -> Vec<Option<NodeMetricsPoint>> {
+        let now = self.clock.now();
+        names
+            .iter()
+            .map(|name| {
+                let shard = self.nodes.shard(name).load();
+                let cell = shard.get(*name)?;
+                self.serve_node(cell, &cell.state.load(), now)
+            })
+            .collect()
+    }
+
+    /// Usage of the given `(namespace, name)` pods, in the same order; `None` where there is
+    /// nothing fresh to serve or some container of the pod has no rate yet.
+    pub fn pod_metrics(&self, pods: &[(&str, &str)]) -> Vec<Option<PodMetricsPoint>> {
+        let now = self.clock.now();
+        let mut key = String::new();
+        pods.iter()
+            .map(|(namespace, name)| {
+                if !write_key(&mut key, namespace, name) {
+                    return None;
+                }
+                let shard = self.pods.shard(&key).load();
+                let cell = shard.get(key.as_str())?;
+                if cell.removed.load(Ordering::Acquire) {
+                    return None;
+                }
+                let state = cell.state.load();
+                let pod = state.pods.get(key.as_str())?;
+                self.serve_pod(cell, &state, pod, now)
+            })
+            .collect()
+    }
+
+    /// Usage of every node that has fresh metrics, in no particular order.
+    pub fn nodes(&self) -> Vec<NodeMetricsPoint> {
+        let now = self.clock.now();
+        let mut out = Vec::new();
+        for shard in self.nodes.shards.iter() {
+            for cell in shard.load().values() {
+                out.extend(self.serve_node(cell, &cell.state.load(), now));
+            }
+        }
+        out
+    }
+
+    /// Usage of every pod that can be served, in no particular order. Unlike
+    /// [`Store::pod_metrics`], a name that two nodes list at once appears twice.
+    pub fn pods(&self) -> Vec<PodMetricsPoint> {
+        let now = self.clock.now();
+        let mut out = Vec::new();
+        for shard in self.nodes.shards.iter() {
+            for cell in shard.load().values() {
+                let state = cell.state.load();
+                if !self.limits.fresh(state.received_at, now) {
+                    continue;
+                }
+                out.extend(
+                    state
+                        .pods
+                        .values()
+                        .filter_map(|pod| self.serve_pod(cell, &state, pod, now)),
+                );
+            }
+        }
+        out
+    }
+
+    /// True once node metrics and pod metrics can both be served, as metrics-server's
+    /// `Ready`: some node has a fresh rate and some container has a fresh rate. Logs when
+    /// the answer changes.
+    pub fn ready(&self) -> bool {
+        let (nodes, pods) = (self.node_ready(), self.pod_ready());
+        let seen = u8::from(nodes) | (u8::from(pods) << 1);
+        if self.readiness.swap(seen, Ordering::Relaxed) != seen {
+            if nodes && pods {
+                tracing::info!(
+                    node_metrics = nodes,
+                    pod_metrics = pods,
+                    "metric store is ready"
+                );
+            } else {
+                tracing::info!(
+                    node_metrics = nodes,
+                    pod_metrics = pods,
+                    "metric store is not ready"
+                );
+            }
+        }
+        nodes && pods
+    }
+
+    /// True when some node has a fresh node rate.
+    pub fn node_ready(&self) -> bool {
+        let now = self.clock.now();
+        self.any_node(|cell, state| self.serve_node(cell, state, now).is_some())
+    }
+
+    /// True when some container of some pod has a fresh rate.
+    pub fn pod_ready(&self) -> bool {
+        let now = self.clock.now();
+        self.any_node(|_, state| {
+            self.limits.fresh(state.received_at, now)
+                && state.pods.values().any(|pod| {
+                    pod.containers
+                        .iter()
+                        .any(|c| self.limits.rate(&c.series, now).is_some())
+                })
+        })
+    }
+
+    /// Forgets a node and its pods (for example when the node object is deleted). True if
+    /// the node was known.
+    pub fn remove_node(&self, name: &str) -> bool {
+        let cell = self.nodes.shard(name).load().get(name).cloned();
+        match cell {
+            Some(cell) => self.detach(&cell),
+            None => false,
+        }
+    }
+
+    /// Removes every node whose last batch was received more than `metric_expiry` ago, with
+    /// its pods; returns how many. Ingest runs this by itself once per `metric_expiry`; call
+    /// it on a timer too if batches may stop arriving altogether.
+    pub fn housekeep(&self) -> usize {
+        let now = self.clock.now();
+        self.last_sweep.store(now.0, Ordering::Relaxed);
+        self.sweep(now)
+    }
+
+    // -- ingest helpers ------------------------------------------------------------------
+
+    fn cell_for(&self, name: &str) -> Arc<NodeCell> {
+        if let Some(cell) = self.nodes.shard(name).load().get(name) {
+            return Arc::clone(cell);
+        }
+        let fresh = Arc::new(NodeCell {
+            name: Arc::from(name),
+            state: ArcSwap::default(),
+            removed: AtomicBool::new(false),
+        });
+        let mut cell = Arc::clone(&fresh);
+        self.nodes.edit(self.nodes.index(name), |map| {
+            // Re-run on conflict: keep whichever cell is in the map by then.
+            cell = Arc::clone(
+                map.entry(Arc::clone(&fresh.name))
+                    .or_insert_with(|| Arc::clone(&fresh)),
+            );
+        });
+        cell
+    }
+
+    /// Builds the node's next state from its current one and a batch. Also returns the pods
+    /// that were not in the current state and those that are no longer in it.
+    fn next_state(
+        &self,
+        old: &NodeState,
+        batch: NodeBatch,
+        now: UnixNanos,
+    ) -> (NodeState, IngestSummary, Vec<PodKey>, Vec<PodKey>) {
+        let limits = &self.limits;
+        let mut summary = IngestSummary::default();
+        let (node, node_restarted) =
+            limits.advance(old.node.as_ref(), Point::of_node(&batch.node), now);
+        summary.restarts += usize::from(node_restarted);
+
+        let mut pods: HashMap<PodKey, PodState> = HashMap::with_capacity(batch.pods.len());
+        let mut added = Vec::new();
+        let mut kept = 0;
+        let mut key = String::new();
+        for pod in batch.pods {
+            if !write_key(&mut key, &pod.namespace, &pod.name)
+                || pod.containers.is_empty()
+                || pod.containers.iter().any(|c| c.name.is_empty())
+            {
+                summary.invalid += 1;
+                continue;
+            }
+            let old_pod = old.pods.get(key.as_str());
+            let pod_key = match old_pod {
+                Some(p) => p.key.clone(),
+                None => PodKey::from_key_str(&key),
+            };
+            let slot = match pods.entry(pod_key) {
+                Entry::Occupied(_) => {
+                    summary.duplicates += 1;
+                    continue;
+                }
+                Entry::Vacant(slot) => slot,
+            };
+            // Points of an earlier pod with the same name are not this pod's.
+            let same_pod = old_pod.filter(|p| *p.uid == *pod.uid);
+            let mut containers: Vec<ContainerState> = Vec::with_capacity(pod.containers.len());
+            for sample in pod.containers {
+                if containers.iter().any(|c| *c.name == *sample.name) {
+                    summary.duplicates += 1;
+                    continue;
+                }
+                let old_container =
+                    same_pod.and_then(|p| p.containers.iter().find(|c| *c.name == *sample.name));
+                let (series, restarted) = limits.advance(
+                    old_container.map(|c| &c.series),
+                    Point::of_container(&sample),
+                    now,
+                );
+                summary.restarts +=
+                    usize::from(restarted || (old_pod.is_some() && same_pod.is_none()));
+                containers.push(ContainerState {
+                    name: old_container
+                        .map(|c| Arc::clone(&c.name))
+                        .unwrap_or_else(|| Arc::from(sample.name)),
+                    series,
+                });
+            }
+            let uid = match same_pod {
+                Some(p) => Arc::clone(&p.uid),
+                None => Arc::from(pod.uid),
+            };
+            if old_pod.is_some() {
+                kept += 1;
+            } else {
+                added.push(slot.key().clone());
+            }
+            summary.pods += 1;
+            summary.containers += containers.len();
+            let key = slot.key().clone();
+            slot.insert(PodState {
+                key,
+                uid,
+                containers: containers.into_boxed_slice(),
+            });
+        }
+        // Every pod of the old state that the batch did not list; none in steady state.
+        let removed = if kept == old.pods.len() {
+            Vec::new()
+        } else {
+            old.pods
+                .keys()
+                .filter(|k| !pods.contains_key(k.full.as_ref()))
+                .cloned()
+                .collect()
+        };
+        let state = NodeState {
+            received_at: now,
+            node: Some(node),
+            pods,
+        };
+        (state, summary, added, removed)
+    }
+
+    /// Points `added` at `cell` (the newest report of a pod wins) and unlinks `removed` if
+    /// they still point at `cell`. One copy per touched shard.
+    fn index_pods(&self, cell: &Arc<NodeCell>, added: &[PodKey], removed: &[PodKey]) {
+        if added.is_empty() && removed.is_empty() {
+            return;
+        }
+        let mut ops: Vec<(usize, &PodKey, bool)> = added
+            .iter()
+            .map(|k| (self.pods.index(&k.full), k, true))
+            .chain(removed.iter().map(|k| (self.pods.index(&k.full), k, false)))
+            .collect();
+        ops.sort_unstable_by_key(|(shard, _, _)| *shard);
+        for group in ops.chunk_by(|a, b| a.0 == b.0) {
+            let Some(&(shard, _, _)) = group.first() else {
+                continue;
+            };
+            self.pods.edit(shard, |map| {
+                for &(_, key, add) in group {
+                    if add {
+                        map.insert(key.clone(), Arc::clone(cell));
+                    } else if map.get(key).is_some_and(|c| Arc::ptr_eq(c, cell)) {
+                        map.remove(key);
+                    }
+                }
+            });
+        }
+    }
+
+    fn unindex_pods<'a>(&self, cell: &Arc<NodeCell>, keys: impl Iterator<Item = &'a PodKey>) {
+        let keys: Vec<PodKey> = keys.cloned().collect();
+        self.index_pods(cell, &[], &keys);
+    }
+
+    /// Takes a cell out of the node table and its pods out of the index. False if another
+    /// caller already did.
+    fn detach(&self, cell: &Arc<NodeCell>) -> bool {
+        if cell.removed.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        self.nodes.edit(self.nodes.index(&cell.name), |map| {
+            if map.get(&cell.name).is_some_and(|c| Arc::ptr_eq(c, cell)) {
+                map.remove(&cell.name);
+            }
+        });
+        let state = cell.state.load_full();
+        self.unindex_pods(cell, state.pods.keys());
+        true
+    }
+
+    fn maybe_sweep(&self, now: UnixNanos) {
+        let last = self.last_sweep.load(Ordering::Relaxed);
+        if now.0.saturating_sub(last) <= self.limits.expiry {
+            return;
+        }
+        // One ingest does it; the others go on.
+        if self
+            .last_sweep
+            .compare_exchange(last, now.0, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.sweep(now);
+        }
+    }
+
+    fn sweep(&self, now: UnixNanos) -> usize {
+        let mut expired = Vec::new();
+        for shard in self.nodes.shards.iter() {
+            expired.extend(
+                shard
+                    .load()
+                    .values()
+                    .filter(|cell| !self.limits.fresh(cell.state.load().received_at, now))
+                    .cloned(),
+            );
+        }
+        expired
+            .iter()
+            .filter(|cell| {
+                let detached = self.detach(cell);
+                if detached {
+                    tracing::info!(node = %cell.name, "dropped a node whose metrics expired");
+                }
+                detached
+            })
+            .count()
+    }
+
+    // -- read helpers --------------------------------------------------------------------
+
+    fn any_node(&self, mut pred: impl FnMut(&NodeCell, &NodeState) -> bool) -> bool {
+        self.nodes.shards.iter().any(|shard| {
+            shard
+                .load()
+                .values()
+                .any(|cell| pred(cell, &cell.state.load()))
+        })
+    }
+
+    fn serve_node(
+        &self,
+        cell: &NodeCell,
+        state: &NodeState,
+        now: UnixNanos,
+    ) -> Option<NodeMetricsPoint> {
+        if !self.limits.fresh(state.received_at, now) {
+            return None;
+        }
+        let rate = self.limits.rate(state.node.as_ref()?, now)?;
+        Some(NodeMetricsPoint {
+            name: Arc::clone(&cell.name),
+            timestamp: rate.timestamp,
+            window: rate.window,
+            cpu: rate.cpu,
+            memory: rate.memory,
+        })
+    }
+
+    fn serve_pod(
+        &self,
+        cell: &NodeCell,
+        state: &NodeState,
+        pod: &PodState,
+        now: UnixNanos,
+    ) -> Option<PodMetricsPoint> {
+        if !self.limits.fresh(state.received_at, now) {
+            return None;
+        }
+        let mut containers = Vec::with_capacity(pod.containers.len());
+        let mut earliest: Option<(UnixNanos, Duration)> = None;
+        for c in pod.containers.iter() {
+            let rate = self.limits.rate(&c.series, now)?;
+            containers.push(ContainerMetricsPoint {
+                name: Arc::clone(&c.name),
+                cpu: rate.cpu,
+                memory: rate.memory,
+            });
+            if earliest.is_none_or(|(t, _)| rate.timestamp < t) {
+                earliest = Some((rate.timestamp, rate.window));
+            }
+        }
+        let (timestamp, window) = earliest?;
+        Some(PodMetricsPoint {
+            key: pod.key.clone(),
+            uid: Arc::clone(&pod.uid),
+            node: Arc::clone(&cell.name),
+            timestamp,
+            window,
+            containers,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use kpulse_wire::PodSample;
+
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+    const MS: u64 = 1_000_000;
+    /// 2023-11-14T22:13:20Z.
+    const T0: u64 = 1_700_000_000 * S;
+
+    type TestStore = Store<Arc<ManualClock>>;
+
+    fn store_with(config: StoreConfig) -> (TestStore, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new(UnixNanos(T0)));
+        let store = Store::with_clock(config, Arc::clone(&clock)).expect("valid config");
+        (store, clock)
+    }
+
+    /// Expiry 10 s, default first-point age.
+    fn store() -> (TestStore, Arc<ManualClock>) {
+        store_with(StoreConfig::new(Duration::from_secs(10)))
+    }
+
+    fn named(name: &str, t: u64, cpu: u64, mem: u64) -> ContainerSample {
+        ContainerSample {
+            name: name.into(),
+            timestamp: UnixNanos(t),
+            cgroup_id: None,
+            started_at: None,
+            cpu: CpuNanos(cpu),
+            memory_working_set: Bytes(mem),
+        }
+    }
+
+    /// Container "c" with 1 byte of memory.
+    fn c(t: u64, cpu: u64) -> ContainerSample {
+        named("c", t, cpu, 1)
+    }
+
+    fn started(mut c: ContainerSample, at: u64) -> ContainerSample {
+        c.started_at = Some(UnixNanos(at));
+        c
+    }
+
+    fn cgroup(mut c: ContainerSample, id: u64) -> ContainerSample {
+        c.cgroup_id = Some(CgroupId(id));
+        c
+    }
+
+    fn pod_in(ns: &str, name: &str, containers: Vec<ContainerSample>) -> PodSample {
+        PodSample {
+            uid: format!("uid-{ns}-{name}"),
+            namespace: ns.into(),
+            name: name.into(),
+            containers,
+        }
+    }
+
+    /// A pod in namespace "ns".
+    fn pod(name: &str, containers: Vec<ContainerSample>) -> PodSample {
+        pod_in("ns", name, containers)
+    }
+
+    /// A batch read at `t` on a node using one core since T0.
+    fn batch(node: &str, t: u64, pods: Vec<PodSample>) -> NodeBatch {
+        NodeBatch {
+            node_name: node.into(),
+            sent_at: UnixNanos(t),
+            node: NodeSample {
+                timestamp: UnixNanos(t),
+                started_at: None,
+                cpu: CpuNanos(t.saturating_sub(T0)),
+                memory_working_set: Bytes(1 << 30),
+            },
+            pods,
+        }
+    }
+
+    /// Ingests with the store's clock at `now`.
+    fn ingest_at(s: &TestStore, clock: &ManualClock, now: u64, b: NodeBatch) -> IngestSummary {
+        clock.set(UnixNanos(now));
+        s.ingest(b).expect("ingest")
+    }
+
+    /// Ingests a batch read at `t`, received at `t`.
+    fn feed(
+        s: &TestStore,
+        clock: &ManualClock,
+        node: &str,
+        t: u64,
+        pods: Vec<PodSample>,
+    ) -> IngestSummary {
+        ingest_at(s, clock, t, batch(node, t, pods))
+    }
+
+    fn get(s: &TestStore, name: &str) -> Option<PodMetricsPoint> {
+        s.pod_metrics(&[("ns", name)]).pop().flatten()
+    }
+
+    fn node(s: &TestStore, name: &str) -> Option<NodeMetricsPoint> {
+        s.node_metrics(&[name]).pop().flatten()
+    }
+
+    fn cpu_of(p: &PodMetricsPoint, container: &str) -> NanoCores {
+        let found = p.containers.iter().find(|c| &*c.name == container);
+        found.map(|c| c.cpu).expect("container present")
+    }
+
+    #[test]
+    fn rates_from_two_points() {
+        let (s, clock) = store();
+        let (t1, t2) = (T0, T0 + 2 * S);
+        feed(
+            &s,
+            &clock,
+            "n1",
+            t1,
+            vec![pod("p", vec![named("c", t1, S, 100)])],
+        );
+        assert_eq!(get(&s, "p"), None, "one point gives no rate");
+        assert_eq!(node(&s, "n1"), None);
+
+        feed(
+            &s,
+            &clock,
+            "n1",
+            t2,
+            vec![pod("p", vec![named("c", t2, S + S / 2, 200)])],
+        );
+        let p = get(&s, "p").expect("two points give a rate");
+        assert_eq!((p.key.namespace(), p.key.name()), ("ns", "p"));
+        assert_eq!((&*p.uid, &*p.node), ("uid-ns-p", "n1"));
+        assert_eq!(p.timestamp, UnixNanos(t2));
+        assert_eq!(p.window, Duration::from_secs(2));
+        let expected = ContainerMetricsPoint {
+            name: Arc::from("c"),
+            cpu: NanoCores(250_000_000), // 0.5 s of CPU over 2 s
+            memory: Bytes(200),
+        };
+        assert_eq!(p.containers, vec![expected]);
+
+        let n = node(&s, "n1").expect("node rate");
+        assert_eq!(&*n.name, "n1");
+        assert_eq!(n.cpu, NanoCores(S)); // 2 s of CPU over 2 s: one core
+        assert_eq!(n.window, Duration::from_secs(2));
+        assert_eq!(n.timestamp, UnixNanos(t2));
+        assert_eq!(n.memory, Bytes(1 << 30));
+    }
+
+    #[test]
+    fn third_point_uses_second_as_previous() {
+        let (s, clock) = store();
+        for (secs, cpu) in [(0, 0), (1, S), (3, S + S / 2)] {
+            let t = T0 + secs * S;
+            feed(&s, &clock, "n1", t, vec![pod("p", vec![c(t, cpu)])]);
+        }
+        let p = get(&s, "p").expect("rate");
+        assert_eq!(p.window, Duration::from_secs(2));
+        assert_eq!(cpu_of(&p, "c"), NanoCores(250_000_000));
+    }
+
+    #[test]
+    fn restart_detected_by_cpu_decrease() {
+        let (s, clock) = store();
+        for (secs, cpu) in [(0, 5 * S), (1, 6 * S)] {
+            let t = T0 + secs * S;
+            feed(&s, &clock, "n1", t, vec![pod("p", vec![c(t, cpu)])]);
+        }
+        assert!(get(&s, "p").is_some());
+
+        let t = T0 + 2 * S;
+        let sum = feed(&s, &clock, "n1", t, vec![pod("p", vec![c(t, S / 10)])]);
+        assert_eq!(sum.restarts, 1);
+        assert_eq!(get(&s, "p"), None, "no rate across a counter reset");
+
+        let t = T0 + 3 * S;
+        feed(
+            &s,
+            &clock,
+            "n1",
+            t,
+            vec![pod("p", vec![c(t, S / 10 + S / 2)])],
+        );
+        let p = get(&s, "p").expect("second point of the new instance");
+        assert_eq!(cpu_of(&p, "c"), NanoCores(500_000_000));
+        assert_eq!(p.window, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn restart_detected_by_start_time_change() {
+        let (s, clock) = store();
+        let long_ago = T0 - 3600 * S;
+        for (secs, cpu) in [(0, 5 * S), (1, 6 * S)] {
+            let t = T0 + secs * S;
+            feed(
+                &s,
+                &clock,
+                "n1",
+                t,
+                vec![pod("p", vec![started(c(t, cpu), long_ago)])],
+            );
+        }
+        assert!(get(&s, "p").is_some());
+
+        // The counter grew, but this is another instance (started half an hour later, too
+        // long ago for its start to stand in): no rate from mixing the two.
+        let t = T0 + 2 * S;
+        let restarted = started(c(t, 9 * S), long_ago + 1800 * S);
+        let sum = feed(&s, &clock, "n1", t, vec![pod("p", vec![restarted])]);
+        assert_eq!(sum.restarts, 1);
+        assert_eq!(get(&s, "p"), None);
+
+        // A restart seen soon after it happened is served from the new start at once
+        // (metrics-server: "window from start time").
+        let t = T0 + 3 * S;
+        let sum = feed(
+            &s,
+            &clock,
+            "n1",
+            t,
+            vec![pod("p", vec![started(c(t, S / 2), t - S)])],
+        );
+        assert_eq!(sum.restarts, 1);
+        let p = get(&s, "p").expect("rate from the new start");
+        assert_eq!(p.window, Duration::from_secs(1));
+        assert_eq!(cpu_of(&p, "c"), NanoCores(500_000_000));
+    }
+
+    #[test]
+    fn restart_detected_by_cgroup_id_change() {
+        let (s, clock) = store();
+        for secs in 0..2 {
+            let t = T0 + secs * S;
+            feed(
+                &s,
+                &clock,
+                "n1",
+                t,
+                vec![pod("p", vec![cgroup(c(t, secs * S), 7)])],
+            );
+        }
+        assert!(get(&s, "p").is_some());
+        let t = T0 + 2 * S;
+        let sum = feed(
+            &s,
+            &clock,
+            "n1",
+            t,
+            vec![pod("p", vec![cgroup(c(t, 3 * S), 8)])],
+        );
+        assert_eq!(sum.restarts, 1);
+        assert_eq!(get(&s, "p"), None);
+    }
+
+    #[test]
+    fn pod_recreated_with_same_name_starts_over() {
+        let (s, clock) = store();
+        for secs in 0..2 {
+            let t = T0 + secs * S;
+            feed(&s, &clock, "n1", t, vec![pod("p", vec![c(t, secs * S)])]);
+        }
+        let t = T0 + 2 * S;
+        let mut recreated = pod("p", vec![c(t, 3 * S)]);
+        recreated.uid = "another".into();
+        let sum = feed(&s, &clock, "n1", t, vec![recreated]);
+        assert_eq!(sum.restarts, 1);
+        assert_eq!(get(&s, "p"), None);
+    }
+
+    #[test]
+    fn new_container_is_visible_after_its_first_interval() {
+        let (s, clock) = store();
+        // Created 800 ms before its first sample, with 200 ms of CPU: a quarter core.
+        let (t1, born) = (T0, T0 - 800 * MS);
+        feed(
+            &s,
+            &clock,
+            "n1",
+            t1,
+            vec![pod("p", vec![started(c(t1, 200 * MS), born)])],
+        );
+        let p = get(&s, "p").expect("served after the first sample");
+        assert_eq!(p.timestamp, UnixNanos(t1));
+        assert_eq!(p.window, Duration::from_millis(800));
+        assert_eq!(cpu_of(&p, "c"), NanoCores(250_000_000));
+
+        // The second sample is measured from the first, not from the start.
+        let t2 = t1 + S;
+        feed(
+            &s,
+            &clock,
+            "n1",
+            t2,
+            vec![pod("p", vec![started(c(t2, 1200 * MS), born)])],
+        );
+        let p = get(&s, "p").expect("rate");
+        assert_eq!(p.window, Duration::from_secs(1));
+        assert_eq!(cpu_of(&p, "c"), NanoCores(S));
+    }
+
+    #[test]
+    fn start_time_is_not_used_when_it_cannot_be_trusted() {
+        let (s, clock) = store();
+        let t = T0;
+        let pods = vec![
+            // Long-running container first seen (e.g. after an aggregator restart).
+            pod("old", vec![started(c(t, S), t - 3600 * S)]),
+            // Just past the bound.
+            pod("edge", vec![started(c(t, S), t - 15 * S - 1)]),
+            // Start at or after the timestamp: no window.
+            pod("same", vec![started(c(t, S), t)]),
+            pod("future", vec![started(c(t, S), t + S)]),
+            pod("unknown", vec![c(t, S)]),
+            // Exactly at the bound: used.
+            pod("bound", vec![started(c(t, 15 * S), t - 15 * S)]),
+        ];
+        feed(&s, &clock, "n1", t, pods);
+        for name in ["old", "edge", "same", "future", "unknown"] {
+            assert_eq!(get(&s, name), None, "{name}");
+        }
+        assert_eq!(
+            get(&s, "bound").map(|p| cpu_of(&p, "c")),
+            Some(NanoCores(S))
+        );
+
+        // Zero disables the rule.
+        let (s, clock) = store_with(StoreConfig {
+            metric_expiry: Duration::from_secs(10),
+            first_point_max_age: Duration::ZERO,
+        });
+        feed(
+            &s,
+            &clock,
+            "n1",
+            t,
+            vec![pod("p", vec![started(c(t, S), t - S)])],
+        );
+        assert_eq!(get(&s, "p"), None);
+    }
+
+    #[test]
+    fn freshly_booted_node_is_visible_after_its_first_batch() {
+        let (s, clock) = store();
+        let mut b = batch("n1", T0, vec![]);
+        b.node.cpu = CpuNanos(3 * S);
+        b.node.started_at = Some(UnixNanos(T0 - 2 * S));
+        ingest_at(&s, &clock, T0, b);
+        let n = node(&s, "n1").expect("rate since boot");
+        assert_eq!(n.cpu, NanoCores(1_500_000_000));
+        assert_eq!(n.window, Duration::from_secs(2));
+
+        // Another boot time is a reboot: a restart of the node's series.
+        let t = T0 + S;
+        let mut b = batch("n1", t, vec![]);
+        b.node.cpu = CpuNanos(4 * S);
+        b.node.started_at = Some(UnixNanos(T0 - 3600 * S));
+        assert_eq!(ingest_at(&s, &clock, t, b).restarts, 1);
+        assert_eq!(node(&s, "n1"), None);
+    }
+
+    #[test]
+    fn pod_is_served_only_when_every_container_has_a_rate() {
+        let (s, clock) = store();
+        let t = T0;
+        feed(
+            &s,
+            &clock,
+            "n1",
+            t,
+            vec![pod("p", vec![named("a", t, S, 1)])],
+        );
+        let t = T0 + S;
+        let two = vec![named("a", t, 2 * S, 1), named("b", t, S, 1)];
+        feed(&s, &clock, "n1", t, vec![pod("p", two)]);
+        assert_eq!(get(&s, "p"), None, "b has a single point");
+        assert!(s.pod_ready(), "a has a rate, which is enough for readiness");
+
+        let t = T0 + 2 * S;
+        let two = vec![named("a", t, 3 * S, 1), named("b", t, 2 * S, 1)];
+        feed(&s, &clock, "n1", t, vec![pod("p", two)]);
+        let p = get(&s, "p").expect("both have rates");
+        let names: Vec<&str> = p.containers.iter().map(|c| &*c.name).collect();
+        assert_eq!(names, ["a", "b"]);
+    }
+
+    #[test]
+    fn pod_timestamp_and_window_are_the_earliest_containers() {
+        let (s, clock) = store();
+        let t = T0;
+        feed(
+            &s,
+            &clock,
+            "n1",
+            t,
+            vec![pod("p", vec![named("a", t, 0, 1), named("b", t, 0, 1)])],
+        );
+        let (ta, tb) = (T0 + 2 * S, T0 + 3 * S);
+        let two = vec![named("a", ta, S, 1), named("b", tb, S, 1)];
+        feed(&s, &clock, "n1", tb, vec![pod("p", two)]);
+        let p = get(&s, "p").expect("rate");
+        assert_eq!(
+            (p.timestamp, p.window),
+            (UnixNanos(ta), Duration::from_secs(2))
+        );
+        assert_eq!(cpu_of(&p, "a"), NanoCores(500_000_000));
+        assert_eq!(cpu_of(&p, "b"), NanoCores(333_333_333));
+    }
+
+    #[test]
+    fn expired_data_is_not_served() {
+        let (s, clock) = store();
+        for secs in 0..2 {
+            let t = T0 + secs * S;
+            feed(&s, &clock, "n1", t, vec![pod("p", vec![c(t, secs * S)])]);
+        }
+        let last = T0 + S;
+        clock.set(UnixNanos(last + 10 * S));
+        assert!(get(&s, "p").is_some(), "exactly metric_expiry old");
+        assert!(node(&s, "n1").is_some());
+        assert!(s.ready());
+
+        clock.set(UnixNanos(last + 10 * S + 1));
+        assert_eq!(get(&s, "p"), None);
+        assert_eq!(node(&s, "n1"), None);
+        assert!(s.nodes().is_empty() && s.pods().is_empty());
+        assert!(!s.ready());
+
+        assert_eq!(s.housekeep(), 1);
+        assert!(!s.remove_node("n1"), "housekeeping dropped it");
+        assert_eq!(s.housekeep(), 0);
+    }
+
+    #[test]
+    fn old_data_received_now_is_not_served() {
+        // A backlog: points older than the expiry arrive now.
+        let (s, clock) = store();
+        for secs in 0..2 {
+            let t = T0 + secs * S;
+            ingest_at(
+                &s,
+                &clock,
+                T0 + 60 * S,
+                batch("n1", t, vec![pod("p", vec![c(t, secs * S)])]),
+            );
+        }
+        assert_eq!(get(&s, "p"), None);
+        assert_eq!(node(&s, "n1"), None);
+    }
+
+    #[test]
+    fn agent_clock_ahead_still_expires_by_receive_time() {
+        let (s, clock) = store();
+        for secs in 0..2 {
+            let t = T0 + 3600 * S + secs * S;
+            ingest_at(
+                &s,
+                &clock,
+                T0 + secs * S,
+                batch("n1", t, vec![pod("p", vec![c(t, secs * S)])]),
+            );
+        }
+        assert!(
+            get(&s, "p").is_some(),
+            "timestamps ahead of the store clock are fresh"
+        );
+        clock.set(UnixNanos(T0 + S + 10 * S + 1));
+        assert_eq!(
+            get(&s, "p"),
+            None,
+            "until the agent has been quiet for the expiry"
+        );
+        assert_eq!(node(&s, "n1"), None);
+    }
+
+    #[test]
+    fn expired_previous_point_is_not_used() {
+        let (s, clock) = store();
+        feed(&s, &clock, "n1", T0, vec![pod("p", vec![c(T0, 0)])]);
+        // Back after a gap longer than the expiry: no 30 s "rate".
+        let t = T0 + 30 * S;
+        feed(&s, &clock, "n1", t, vec![pod("p", vec![c(t, 30 * S)])]);
+        assert_eq!(get(&s, "p"), None);
+        assert_eq!(node(&s, "n1"), None);
+        let t = T0 + 31 * S;
+        feed(&s, &clock, "n1", t, vec![pod("p", vec![c(t, 31 * S)])]);
+        assert_eq!(get(&s, "p").map(|p| p.window), Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn ingest_drops_expired_nodes_by_itself() {
+        let (s, clock) = store();
+        feed(&s, &clock, "gone", T0, vec![pod("g", vec![c(T0, 0)])]);
+        for secs in 1..=12 {
+            feed(&s, &clock, "alive", T0 + secs * S, vec![]);
+        }
+        assert!(
+            !s.remove_node("gone"),
+            "an ingest after one expiry period swept it"
+        );
+        assert!(s.remove_node("alive"));
+    }
+
+    #[test]
+    fn removed_node_and_its_pods_are_gone() {
+        let (s, clock) = store();
+        for secs in 0..2 {
+            let t = T0 + secs * S;
+            feed(&s, &clock, "n1", t, vec![pod("p", vec![c(t, secs * S)])]);
+        }
+        assert!(get(&s, "p").is_some());
+        assert!(s.remove_node("n1"));
+        assert!(!s.remove_node("n1"));
+        assert_eq!(node(&s, "n1"), None);
+        assert_eq!(get(&s, "p"), None);
+        assert!(s.nodes().is_empty() && s.pods().is_empty());
+        assert!(!s.ready());
+
+        // It comes back: two points again.
+        for secs in 2..4 {
+            let t = T0 + secs * S;
+            feed(&s, &clock, "n1", t, vec![pod("p", vec![c(t, secs * S)])]);
+            assert_eq!(get(&s, "p").is_some(), secs == 3);
+            assert_eq!(node(&s, "n1").is_some(), secs == 3);
+        }
+    }
+
+    #[test]
+    fn pod_missing_from_a_full_snapshot_is_removed() {
+        let (s, clock) = store();
+        let both = |t: u64, cpu: u64| vec![pod("a", vec![c(t, cpu)]), pod("b", vec![c(t, cpu)])];
+        for secs in 0..2 {
+            let t = T0 + secs * S;
+            feed(&s, &clock, "n1", t, both(t, secs * S));
+        }
+        assert_eq!(s.pods().len(), 2);
+
+        let t = T0 + 2 * S;
+        feed(&s, &clock, "n1", t, vec![pod("a", vec![c(t, 2 * S)])]);
+        assert!(get(&s, "a").is_some());
+        assert_eq!(get(&s, "b"), None);
+        assert_eq!(s.pods().len(), 1);
+
+        // Back in the next batch: new again.
+        let t = T0 + 3 * S;
+        feed(&s, &clock, "n1", t, both(t, 3 * S));
+        assert_eq!(get(&s, "b"), None);
+
+        // A container missing from its pod's sample is forgotten as well.
+        let t = T0 + 4 * S;
+        feed(
+            &s,
+            &clock,
+            "n1",
+            t,
+            vec![pod("a", vec![c(t, 4 * S), named("d", t, 0, 1)])],
+        );
+        let t = T0 + 5 * S;
+        feed(&s, &clock, "n1", t, vec![pod("a", vec![c(t, 5 * S)])]);
+        assert_eq!(get(&s, "a").map(|p| p.containers.len()), Some(1));
+    }
+
+    #[test]
+    fn pod_moving_to_another_node_is_found_there() {
+        let (s, clock) = store();
+        let node_of = |s: &TestStore| get(s, "p").map(|p| p.node.to_string());
+        for secs in 0..2 {
+            let t = T0 + secs * S;
+            feed(&s, &clock, "a", t, vec![pod("p", vec![c(t, secs * S)])]);
+        }
+        assert_eq!(node_of(&s).as_deref(), Some("a"));
+        for secs in 2..4 {
+            let t = T0 + secs * S;
+            feed(&s, &clock, "a", t, vec![]);
+            feed(&s, &clock, "b", t, vec![pod("p", vec![c(t, secs * S)])]);
+        }
+        assert_eq!(node_of(&s).as_deref(), Some("b"));
+
+        // While two nodes list the name, the newest report wins, and the older node dropping
+        // it does not unlink the newer one.
+        let t = T0 + 4 * S;
+        feed(&s, &clock, "c", t, vec![pod("p", vec![c(t, 0)])]);
+        feed(&s, &clock, "b", t, vec![]);
+        let t = T0 + 5 * S;
+        feed(&s, &clock, "c", t, vec![pod("p", vec![c(t, S)])]);
+        assert_eq!(node_of(&s).as_deref(), Some("c"));
+    }
+
+    #[test]
+    fn time_going_backwards_gives_no_rate_for_that_point() {
+        let (s, clock) = store();
+        let at = |secs: u64| T0 + secs * S;
+        let feed_at = |secs: u64| {
+            feed(
+                &s,
+                &clock,
+                "n1",
+                at(secs),
+                vec![pod("p", vec![c(at(secs), secs * S)])],
+            );
+        };
+        let window = |s: &TestStore| get(s, "p").map(|p| (p.timestamp, p.window));
+        feed_at(10);
+        feed_at(12);
+        // A repeated point keeps the previous one.
+        feed_at(12);
+        assert_eq!(
+            window(&s),
+            Some((UnixNanos(at(12)), Duration::from_secs(2)))
+        );
+        // prev < new < last: rate from prev, as metrics-server.
+        feed_at(11);
+        assert_eq!(
+            window(&s),
+            Some((UnixNanos(at(11)), Duration::from_secs(1)))
+        );
+        // Older than prev: no rate, never a negative one.
+        feed_at(5);
+        assert_eq!(get(&s, "p"), None);
+        assert_eq!(node(&s, "n1"), None);
+        // Rates resume with the next point after it.
+        feed_at(6);
+        let p = get(&s, "p").expect("resumed");
+        assert_eq!(
+            (cpu_of(&p, "c"), p.window),
+            (NanoCores(S), Duration::from_secs(1))
+        );
+        // The store's own clock going backwards expires nothing and breaks nothing.
+        clock.set(UnixNanos(0));
+        assert!(get(&s, "p").is_some());
+        assert_eq!(s.housekeep(), 0);
+    }
+
+    #[test]
+    fn arithmetic_edges_neither_overflow_nor_panic() {
+        let base = |t: u64, cpu: u64| Base {
+            timestamp: UnixNanos(t),
+            cpu: CpuNanos(cpu),
+        };
+        let point = |t: u64, cpu: u64| Point {
+            timestamp: UnixNanos(t),
+            cpu: CpuNanos(cpu),
+            memory: Bytes(0),
+            started_at: None,
+            cgroup_id: None,
+        };
+        let rate = |b: Base, p: Point| cpu_rate(b, &p).map(|r| r.0);
+        // The whole counter range in one nanosecond saturates.
+        assert_eq!(
+            rate(base(0, 0), point(1, u64::MAX)),
+            Some(NanoCores(u64::MAX))
+        );
+        // Δcpu × 10⁹ needs more than 64 bits here.
+        assert_eq!(
+            rate(base(0, 0), point(u64::MAX, u64::MAX)),
+            Some(NanoCores(S))
+        );
+        assert_eq!(rate(base(0, 0), point(u64::MAX, 1)), Some(NanoCores(0)));
+        assert_eq!(rate(base(5, 0), point(5, 1)), None, "zero window");
+        assert_eq!(rate(base(6, 0), point(5, 1)), None, "negative window");
+        assert_eq!(rate(base(0, 2), point(5, 1)), None, "negative usage");
+
+        // Through the store, with extreme configuration and inputs.
+        let (s, clock) = store_with(StoreConfig {
+            metric_expiry: Duration::MAX,
+            first_point_max_age: Duration::MAX,
+        });
+        let max = u64::MAX;
+        let since_epoch = started(named("c", max, max, max), 0);
+        ingest_at(
+            &s,
+            &clock,
+            max,
+            batch("n1", max, vec![pod("p", vec![since_epoch])]),
+        );
+        let p = get(&s, "p").expect("rate since the epoch");
+        assert_eq!(cpu_of(&p, "c"), NanoCores(S));
+        assert_eq!(p.containers[0].memory, Bytes(max));
+        clock.advance(Duration::MAX);
+        assert!(get(&s, "p").is_some());
+        let backwards = started(named("c", 0, 0, 0), max);
+        ingest_at(
+            &s,
+            &clock,
+            0,
+            batch("n1", 0, vec![pod("p", vec![backwards])]),
+        );
+        assert_eq!(get(&s, "p"), None);
+        assert_eq!(s.housekeep(), 0);
+    }
+
+    #[test]
+    fn malformed_input_is_skipped_and_counted() {
+        let (s, clock) = store();
+        let t = T0;
+        let pods = vec![
+            pod("ok", vec![c(t, 0), c(t, 9)]), // duplicate container
+            pod("ok", vec![c(t, 0)]),          // duplicate pod
+            pod_in("a/b", "p", vec![c(t, 0)]),
+            pod_in("", "p", vec![c(t, 0)]),
+            pod("", vec![c(t, 0)]),
+            pod("empty", vec![]),
+            pod("unnamed", vec![named("", t, 0, 0)]),
+        ];
+        let sum = feed(&s, &clock, "n1", t, pods);
+        let expected = IngestSummary {
+            pods: 1,
+            containers: 1,
+            restarts: 0,
+            duplicates: 2,
+            invalid: 5,
+        };
+        assert_eq!(sum, expected);
+        let unnamed = s.ingest(batch("", t, vec![]));
+        assert!(matches!(unnamed, Err(Error::EmptyNodeName)));
+        assert_eq!(
+            s.pod_metrics(&[("a/b", "p"), ("", ""), ("ns", "ok")]),
+            [None, None, None]
+        );
+        let zero = Store::new(StoreConfig::new(Duration::ZERO));
+        assert!(matches!(
+            zero,
+            Err(Error::InvalidConfig {
+                field: "metric_expiry",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn readiness_mirrors_metrics_server() {
+        let (s, clock) = store();
+        assert!(!s.ready());
+        // First points give neither node nor pod rates.
+        feed(&s, &clock, "n1", T0, vec![pod("p", vec![c(T0, 0)])]);
+        assert!(!s.ready());
+        // Node rates alone are not enough.
+        feed(&s, &clock, "n1", T0 + S, vec![]);
+        assert!(s.node_ready() && !s.pod_ready() && !s.ready());
+        for secs in 2..4 {
+            let t = T0 + secs * S;
+            feed(&s, &clock, "n1", t, vec![pod("p", vec![c(t, secs * S)])]);
+        }
+        assert!(s.ready());
+        clock.advance(Duration::from_secs(11));
+        assert!(!s.ready(), "expired data does not keep the store ready");
+    }
+
+    #[test]
+    fn pod_key_splits_namespace_and_name() {
+        let k = PodKey::new("kube-system", "coredns-1").expect("valid");
+        assert_eq!((k.namespace(), k.name()), ("kube-system", "coredns-1"));
+        assert_eq!(k.to_string(), "kube-system/coredns-1");
+        assert_eq!(PodKey::new("a/b", "c"), None);
+        assert_eq!(PodKey::new("", "c"), None);
+        assert_eq!(PodKey::new("a", ""), None);
+    }
+
+    /// Readers run while a writer ingests; every answer must come from one whole batch.
+    #[test]
+    fn concurrent_reads_during_ingest_see_whole_batches() {
+        const NODES: usize = 4;
+        const PODS: usize = 25;
+        const TICKS: u64 = 300;
+        let (s, clock) = store_with(StoreConfig::new(Duration::from_secs(3600)));
+        let keys: Vec<(String, String)> = (0..PODS * NODES)
+            .map(|i| (format!("ns{}", i % 3), format!("pod-{i}")))
+            .collect();
+        let query: Vec<(&str, &str)> = keys.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        let make = |n: usize, tick: u64| {
+            let t = T0 + tick * S;
+            let pods = (n * PODS..(n + 1) * PODS).map(|i| {
+                let (ns, name) = query[i];
+                // Memory carries the tick, so that mixing two batches would show.
+                let a = named("a", t, tick * 250 * MS, tick);
+                let b = named("b", t, tick * 500 * MS, tick);
+                pod_in(ns, name, vec![a, b])
+            });
+            batch(&format!("node-{n}"), t, pods.collect())
+        };
+        let check = |p: &PodMetricsPoint| {
+            let tick = p.containers[0].memory.0;
+            assert_eq!(p.containers.len(), 2);
+            assert_eq!(p.containers[1].memory.0, tick, "containers of one batch");
+            assert_eq!(p.timestamp, UnixNanos(T0 + tick * S));
+            assert_eq!(p.window, Duration::from_secs(1));
+            assert_eq!(p.containers[0].cpu, NanoCores(250 * MS));
+            assert_eq!(p.containers[1].cpu, NanoCores(500 * MS));
+        };
+        let done = AtomicBool::new(false);
+        let reads = AtomicUsize::new(0);
+        let served = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for tick in 1..=TICKS {
+                    clock.set(UnixNanos(T0 + tick * S));
+                    for n in 0..NODES {
+                        s.ingest(make(n, tick)).expect("ingest");
+                    }
+                }
+                done.store(true, Ordering::SeqCst);
+            });
+            for reader in 0..3 {
+                let (s, query, check) = (&s, &query, &check);
+                let (done, reads, served) = (&done, &reads, &served);
+                scope.spawn(move || {
+                    while !done.load(Ordering::SeqCst) {
+                        let got = s.pod_metrics(query);
+                        assert_eq!(got.len(), query.len());
+                        for p in got.iter().flatten() {
+                            check(p);
+                            served.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if reader == 0 {
+                            s.pods().iter().for_each(check);
+                            for n in s.nodes() {
+                                assert_eq!(n.cpu, NanoCores(S));
+                            }
+                            let _ = s.ready();
+                        }
+                        reads.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        assert!(reads.load(Ordering::Relaxed) > 0);
+        assert!(served.load(Ordering::Relaxed) > 0);
+        assert!(s.pod_metrics(&query).iter().all(Option::is_some));
+        assert_eq!(s.nodes().len(), NODES);
+    }
+}

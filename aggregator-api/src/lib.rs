@@ -10,6 +10,7 @@ pub mod app;
 pub mod auth;
 pub mod config;
 pub mod health;
+pub mod metadata;
 pub mod quantity;
 pub mod serve;
 pub mod store;

@@ -8,9 +8,13 @@
 //!   then are `X-Remote-User` / `X-Remote-Group` / `X-Remote-Extra-*` believed. The same
 //!   headers from anyone else are ignored.
 //!
-//! Bearer tokens (TokenReview), anonymous access and authorization (SubjectAccessReview)
-//! arrive next; nothing here talks to the Kubernetes API.
+//! - [`delegated`]: bearer tokens through a TokenReview and authorization through a
+//!   SubjectAccessReview, via `kube`, with TTL caches, failing closed;
+//! - [`chain`]: the order k8s.io/apiserver applies them in for an aggregated server:
+//!   request-header → client certificate → token → anonymous (off unless enabled).
 
+pub mod chain;
+pub mod delegated;
 pub mod requestheader;
 pub mod tls;
 pub mod x509;

@@ -4,8 +4,8 @@
 //!
 //! Deciding trust per request rather than per handshake means a rotated request-header
 //! or client CA applies to the next request without touching the TLS configuration, and a
-//! certificate from an unknown CA is merely unauthenticated (then anonymous or 401), not a
-//! handshake failure. The chain in [`crate::serve::Peer`] is therefore *unverified*; only
+//! certificate from an unknown CA is refused by authentication (401), not by the
+//! handshake. The chain in [`crate::serve::Peer`] is therefore *unverified*; only
 //! [`super::x509::CaBundle::verifies`] makes it mean anything.
 
 use std::sync::Arc;

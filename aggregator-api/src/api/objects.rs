@@ -1,0 +1,158 @@
+//! Building API objects: metadata decides *which* objects exist (as metrics-server lists
+//! nodes and pods from its informers), the store supplies their numbers. An object the
+//! store has no servable metrics for is left out of lists and is NotFound on `get`.
+
+use std::time::SystemTime;
+
+use super::types::{ContainerMetrics, NodeMetrics, PodMetrics};
+use crate::{
+    metadata::{NodeMeta, PodMeta},
+    store::{Clock, Store},
+};
+
+/// NodeMetrics for `nodes`, in the order given, skipping nodes without metrics.
+/// `now` becomes `creationTimestamp`, as metrics-server sets it.
+pub fn node_metrics<C: Clock>(
+    store: &Store<C>,
+    nodes: &[NodeMeta],
+    now: SystemTime,
+) -> Vec<NodeMetrics> {
+    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    store
+        .node_metrics(&names)
+        .into_iter()
+        .zip(nodes)
+        .filter_map(|(point, meta)| {
+            let p = point?;
+            Some(NodeMetrics::new(
+                meta.name.clone(),
+                meta.labels.clone(),
+                now,
+                p.timestamp.to_system_time(),
+                p.window,
+                p.cpu.0,
+                p.memory.0,
+            ))
+        })
+        .collect()
+}
+
+/// PodMetrics for `pods`, in the order given, skipping pods without metrics.
+pub fn pod_metrics<C: Clock>(
+    store: &Store<C>,
+    pods: &[PodMeta],
+    now: SystemTime,
+) -> Vec<PodMetrics> {
+    let keys: Vec<(&str, &str)> = pods
+        .iter()
+        .map(|p| (p.namespace.as_str(), p.name.as_str()))
+        .collect();
+    store
+        .pod_metrics(&keys)
+        .into_iter()
+        .zip(pods)
+        .filter_map(|(point, meta)| {
+            let p = point?;
+            let containers = p
+                .containers
+                .iter()
+                .map(|c| ContainerMetrics::new(c.name.to_string(), c.cpu.0, c.memory.0))
+                .collect();
+            Some(PodMetrics::new(
+                meta.namespace.clone(),
+                meta.name.clone(),
+                meta.labels.clone(),
+                now,
+                p.timestamp.to_system_time(),
+                p.window,
+                containers,
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeMap, time::Duration};
+
+    use kpulse_wire::{
+        Bytes, ContainerSample, CpuNanos, NodeBatch, NodeSample, PodSample, UnixNanos,
+    };
+
+    use super::*;
+    use crate::{
+        api::types::{encode_json, MetricsVersion, PodMetricsList},
+        store::{ManualClock, StoreConfig},
+    };
+
+    const T0: u64 = 1_700_000_000_000_000_000;
+
+    fn batch(t: u64, node_cpu: u64, pod_cpu: u64) -> NodeBatch {
+        NodeBatch {
+            node_name: "n1".into(),
+            sent_at: UnixNanos(t),
+            node: NodeSample {
+                timestamp: UnixNanos(t),
+                started_at: None,
+                cpu: CpuNanos(node_cpu),
+                memory_working_set: Bytes(1 << 30),
+            },
+            pods: vec![PodSample {
+                uid: "u1".into(),
+                namespace: "ns".into(),
+                name: "web".into(),
+                containers: vec![ContainerSample {
+                    name: "app".into(),
+                    timestamp: UnixNanos(t),
+                    cgroup_id: None,
+                    started_at: None,
+                    cpu: CpuNanos(pod_cpu),
+                    memory_working_set: Bytes(200 << 20),
+                }],
+            }],
+        }
+    }
+
+    #[test]
+    fn objects_from_metadata_and_store() {
+        let clock = ManualClock::new(UnixNanos(T0));
+        let store =
+            Store::with_clock(StoreConfig::new(Duration::from_secs(10)), clock).expect("store");
+        store.ingest(batch(T0, 0, 0)).expect("ingest");
+        store
+            .ingest(batch(T0 + 1_000_000_000, 2_000_000_000, 500_000_000))
+            .expect("ingest");
+        let nodes = vec![
+            NodeMeta {
+                name: "n1".into(),
+                labels: BTreeMap::from([("zone".into(), "a".into())]),
+            },
+            NodeMeta {
+                name: "gone".into(),
+                labels: BTreeMap::new(),
+            },
+        ];
+        let now = UnixNanos(T0 + 2_000_000_000).to_system_time();
+        let n = node_metrics(&store, &nodes, now);
+        assert_eq!(n.len(), 1, "a node without metrics is left out");
+        assert_eq!(n[0].usage.cpu.canonical(), "2");
+        assert_eq!(n[0].window, Duration::from_secs(1));
+        let pods = vec![PodMeta {
+            namespace: "ns".into(),
+            name: "web".into(),
+            labels: BTreeMap::new(),
+        }];
+        let p = pod_metrics(&store, &pods, now);
+        let json = String::from_utf8(
+            encode_json(&PodMetricsList::new(MetricsVersion::V1beta1, p)).expect("json"),
+        )
+        .expect("utf8");
+        assert!(
+            json.contains(
+                r#""containers":[{"name":"app","usage":{"cpu":"500m","memory":"200Mi"}}]"#
+            ),
+            "{json}"
+        );
+        assert!(json.contains(r#""window":"1s""#), "{json}");
+    }
+}

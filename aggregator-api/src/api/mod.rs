@@ -5,5 +5,7 @@
 pub mod discovery;
 pub mod objects;
 pub mod proto;
+pub mod request;
+pub mod selector;
 pub mod table;
 pub mod types;

@@ -1,0 +1,1852 @@
+//! Label and field selectors as the apiserver parses and applies them for metrics-server.
+//!
+//! # Label selectors (`?labelSelector=`)
+//!
+//! A port of apimachinery's `labels.Parse` (`pkg/labels/selector.go`): the same lexer (bytes;
+//! whitespace is space, tab, CR, LF; a NUL byte ends the input the way Go's lexer reads it),
+//! the same recursive-descent parser and the same validation (`NewRequirement`, keys checked by
+//! `content.IsLabelKey`, values by `content.IsLabelValue`), so that a bad selector yields the
+//! apiserver's message byte for byte, e.g.
+//! `unable to parse requirement: <nil>: Invalid value: "-a": name part must consist of …`.
+//! Operators: `=`, `==`, `!=`, `in (…)`, `notin (…)`, `key` (exists), `!key` (does not
+//! exist), and apimachinery's `>`/`<` (integer comparison). `!=` and `notin` match objects
+//! that lack the label, as upstream.
+//!
+//! metrics-server hands the parsed selector to its listers (`pkg/api/node.go`, `pod.go`), so a
+//! selector only filters by the node's or pod's labels.
+//!
+//! # Field selectors (`?fieldSelector=`)
+//!
+//! A port of `fields.ParseSelector` (`pkg/fields/selector.go`): terms split on unescaped
+//! commas, sorted, each `field=value`, `field==value` or `field!=value` with `\\`, `\,`, `\=`
+//! escapes in values. The apiserver's list handler (`handlers/get.go`, `listOpts`) then maps
+//! every field label through the scheme; metrics.k8s.io registers no conversion, so
+//! `runtime.DefaultMetaV1FieldSelectorConversion` applies and any field other than
+//! `metadata.name` and `metadata.namespace` is a 400 with
+//! `"spec.nodeName" is not a known field selector: only "metadata.name", "metadata.namespace"`
+//! ([`FieldSelector::check_fields`]). metrics-server then filters on the object's
+//! `metadata.name` and, for pods only, `metadata.namespace` (`pkg/api/filter.go`,
+//! `generic.AddObjectMetaFieldsSet`); a field the object lacks reads as `""`, so
+//! `metadata.namespace=x` matches no node and `metadata.namespace!=x` every node.
+//!
+//! # Bounds
+//!
+//! kpulse-specific, not upstream: a selector longer than [`MAX_SELECTOR_BYTES`] or with more
+//! than [`MAX_REQUIREMENTS`] requirements (terms) is rejected with a message saying so.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::api::types::go_quote;
+
+/// Longest selector accepted, in bytes (kpulse's bound; the apiserver has none).
+pub const MAX_SELECTOR_BYTES: usize = 16 * 1024;
+
+/// Most requirements (label selector) or terms (field selector) accepted (kpulse's bound).
+pub const MAX_REQUIREMENTS: usize = 256;
+
+/// A selector that does not parse, or names an unsupported field; the message is the
+/// apiserver's, to be sent as a 400 `BadRequest`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct SelectorError {
+    /// The error text, exactly as apimachinery words it.
+    pub message: String,
+}
+
+impl SelectorError {
+    fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Label selectors.
+
+/// A label selector operator (apimachinery `selection.Operator`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Operator {
+    /// `key in (v1,v2)`.
+    In,
+    /// `key notin (v1,v2)`: also true when the label is absent.
+    NotIn,
+    /// `key=value`.
+    Equals,
+    /// `key==value`.
+    DoubleEquals,
+    /// `key!=value`: also true when the label is absent.
+    NotEquals,
+    /// `key`.
+    Exists,
+    /// `!key`.
+    DoesNotExist,
+    /// `key>n`: the label parses as an integer greater than `n`.
+    GreaterThan,
+    /// `key<n`: the label parses as an integer less than `n`.
+    LessThan,
+}
+
+/// One parsed requirement of a label selector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Requirement {
+    key: String,
+    operator: Operator,
+    /// Sorted and deduplicated, as Go's `sets.String.List()` hands them over.
+    values: Vec<String>,
+}
+
+impl Requirement {
+    /// The label key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The operator.
+    pub fn operator(&self) -> Operator {
+        self.operator
+    }
+
+    /// The values, sorted and deduplicated (empty for `Exists`/`DoesNotExist`).
+    pub fn values(&self) -> &[String] {
+        &self.values
+    }
+
+    fn has_value(&self, value: &str) -> bool {
+        self.values
+            .binary_search_by(|v| v.as_str().cmp(value))
+            .is_ok()
+    }
+
+    /// Whether `labels` satisfy this requirement (`Requirement.Matches`).
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        match self.operator {
+            Operator::In | Operator::Equals | Operator::DoubleEquals => labels
+                .get(&self.key)
+                .is_some_and(|value| self.has_value(value)),
+            Operator::NotIn | Operator::NotEquals => labels
+                .get(&self.key)
+                .is_none_or(|value| !self.has_value(value)),
+            Operator::Exists => labels.contains_key(&self.key),
+            Operator::DoesNotExist => !labels.contains_key(&self.key),
+            Operator::GreaterThan | Operator::LessThan => {
+                let Some(Ok(have)) = labels.get(&self.key).map(|v| go_parse_int(v)) else {
+                    return false;
+                };
+                let [want] = self.values.as_slice() else {
+                    return false;
+                };
+                let Ok(want) = go_parse_int(want) else {
+                    return false;
+                };
+                if self.operator == Operator::GreaterThan {
+                    have > want
+                } else {
+                    have < want
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for Requirement {
+    /// `Requirement.String()`: `!key`, `key`, `key=v`, `key in (a,b)`, ….
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = match self.operator {
+            Operator::DoesNotExist => return write!(f, "!{}", self.key),
+            Operator::Exists => return f.write_str(&self.key),
+            Operator::Equals => "=",
+            Operator::DoubleEquals => "==",
+            Operator::NotEquals => "!=",
+            Operator::In => " in ",
+            Operator::NotIn => " notin ",
+            Operator::GreaterThan => ">",
+            Operator::LessThan => "<",
+        };
+        let values = self.values.join(",");
+        match self.operator {
+            Operator::In | Operator::NotIn => write!(f, "{}{op}({values})", self.key),
+            _ => write!(f, "{}{op}{values}", self.key),
+        }
+    }
+}
+
+/// A parsed label selector: the AND of its requirements. The empty selector matches
+/// everything.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LabelSelector {
+    requirements: Vec<Requirement>,
+}
+
+impl LabelSelector {
+    /// Parses a selector as `labels.Parse` does.
+    ///
+    /// # Errors
+    ///
+    /// apimachinery's message for invalid syntax, keys or values; kpulse's own for a selector
+    /// over [`MAX_SELECTOR_BYTES`] or [`MAX_REQUIREMENTS`].
+    pub fn parse(selector: &str) -> Result<Self, SelectorError> {
+        check_length("label", selector)?;
+        let mut parser = Parser::new(selector);
+        let mut requirements = parser.parse()?;
+        // `sort.Sort(ByKey(items))`, unstable like Go's (it only shows in `Display`).
+        go_sort(&mut requirements, |a, b| a.key < b.key);
+        Ok(Self { requirements })
+    }
+
+    /// The selector that matches everything.
+    pub fn everything() -> Self {
+        Self::default()
+    }
+
+    /// Whether this selector has no requirement (matches everything).
+    pub fn is_empty(&self) -> bool {
+        self.requirements.is_empty()
+    }
+
+    /// The requirements, sorted by key.
+    pub fn requirements(&self) -> &[Requirement] {
+        &self.requirements
+    }
+
+    /// Whether `labels` satisfy every requirement.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.requirements.iter().all(|r| r.matches(labels))
+    }
+
+    /// `Selector.RequiresExactMatch`: the value `key` must equal, if the first requirement on
+    /// `key` pins one (`=`, `==`, or `in` with one value).
+    pub fn requires_exact_match(&self, key: &str) -> Option<&str> {
+        let r = self.requirements.iter().find(|r| r.key == key)?;
+        match (r.operator, r.values.as_slice()) {
+            (Operator::Equals | Operator::DoubleEquals | Operator::In, [value]) => Some(value),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for LabelSelector {
+    /// `Selector.String()`: requirements joined by `,`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, r) in self.requirements.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{r}")?;
+        }
+        Ok(())
+    }
+}
+
+fn check_length(kind: &str, selector: &str) -> Result<(), SelectorError> {
+    if selector.len() > MAX_SELECTOR_BYTES {
+        return Err(SelectorError::new(format!(
+            "{kind} selector is too long: {} bytes, at most {MAX_SELECTOR_BYTES} are accepted",
+            selector.len()
+        )));
+    }
+    Ok(())
+}
+
+fn too_many(kind: &str) -> SelectorError {
+    SelectorError::new(format!(
+        "{kind} selector has too many requirements: at most {MAX_REQUIREMENTS} are accepted"
+    ))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Token {
+    EndOfString,
+    ClosedPar,
+    Comma,
+    DoesNotExist,
+    DoubleEquals,
+    Equals,
+    GreaterThan,
+    Identifier,
+    In,
+    LessThan,
+    NotEquals,
+    NotIn,
+    OpenPar,
+}
+
+fn keyword(literal: &[u8]) -> Option<Token> {
+    Some(match literal {
+        b")" => Token::ClosedPar,
+        b"," => Token::Comma,
+        b"!" => Token::DoesNotExist,
+        b"==" => Token::DoubleEquals,
+        b"=" => Token::Equals,
+        b">" => Token::GreaterThan,
+        b"in" => Token::In,
+        b"<" => Token::LessThan,
+        b"!=" => Token::NotEquals,
+        b"notin" => Token::NotIn,
+        b"(" => Token::OpenPar,
+        _ => return None,
+    })
+}
+
+fn is_whitespace(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\r' | b'\n')
+}
+
+fn is_special(b: u8) -> bool {
+    matches!(b, b'=' | b'!' | b'(' | b')' | b',' | b'>' | b'<')
+}
+
+/// Go's `Lexer`: reads bytes; a 0 byte reads like the end of the input (and is consumed).
+struct Lexer<'a> {
+    s: &'a [u8],
+    pos: usize,
+}
+
+impl Lexer<'_> {
+    fn read(&mut self) -> u8 {
+        match self.s.get(self.pos) {
+            Some(&b) => {
+                self.pos += 1;
+                b
+            }
+            None => 0,
+        }
+    }
+
+    fn unread(&mut self) {
+        self.pos = self.pos.saturating_sub(1);
+    }
+
+    fn lex(&mut self) -> (Token, String) {
+        let mut ch = self.read();
+        while is_whitespace(ch) {
+            ch = self.read();
+        }
+        if ch == 0 {
+            return (Token::EndOfString, String::new());
+        }
+        self.unread();
+        if is_special(ch) {
+            self.scan_special()
+        } else {
+            self.scan_identifier()
+        }
+    }
+
+    fn scan_identifier(&mut self) -> (Token, String) {
+        let start = self.pos;
+        let mut end = start;
+        loop {
+            let ch = self.read();
+            if ch == 0 {
+                break;
+            }
+            if is_special(ch) || is_whitespace(ch) {
+                self.unread();
+                break;
+            }
+            end = self.pos;
+        }
+        // A NUL byte inside stops the identifier; the bytes before it are kept.
+        let literal = self.s.get(start..end).unwrap_or_default();
+        let text = String::from_utf8_lossy(literal).into_owned();
+        (keyword(literal).unwrap_or(Token::Identifier), text)
+    }
+
+    fn scan_special(&mut self) -> (Token, String) {
+        let start = self.pos;
+        let mut last: Option<(Token, usize)> = None;
+        loop {
+            let ch = self.read();
+            if ch == 0 {
+                break;
+            }
+            if !is_special(ch) {
+                self.unread();
+                break;
+            }
+            let buffer = self.s.get(start..self.pos).unwrap_or_default();
+            if let Some(token) = keyword(buffer) {
+                last = Some((token, self.pos));
+            } else if last.is_some() {
+                self.unread();
+                break;
+            }
+        }
+        match last {
+            Some((token, end)) => {
+                let literal = self.s.get(start..end).unwrap_or_default();
+                (token, String::from_utf8_lossy(literal).into_owned())
+            }
+            // Unreachable: every single special character is a token. Go answers an error
+            // token; treat it as the end of the input.
+            None => (Token::EndOfString, String::new()),
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Context {
+    KeyAndOperator,
+    Values,
+}
+
+struct Parser {
+    items: Vec<(Token, String)>,
+    position: usize,
+}
+
+impl Parser {
+    fn new(selector: &str) -> Self {
+        let mut lexer = Lexer {
+            s: selector.as_bytes(),
+            pos: 0,
+        };
+        let mut items = Vec::new();
+        loop {
+            let (token, literal) = lexer.lex();
+            items.push((token, literal));
+            if token == Token::EndOfString {
+                break;
+            }
+        }
+        Self { items, position: 0 }
+    }
+
+    fn item(&self, at: usize, context: Context) -> (Token, &str) {
+        match self.items.get(at) {
+            Some((token, literal)) => {
+                let token = match (context, token) {
+                    (Context::Values, Token::In | Token::NotIn) => Token::Identifier,
+                    _ => *token,
+                };
+                (token, literal)
+            }
+            None => (Token::EndOfString, ""),
+        }
+    }
+
+    fn lookahead(&self, context: Context) -> (Token, String) {
+        let (t, l) = self.item(self.position, context);
+        (t, l.to_owned())
+    }
+
+    fn consume(&mut self, context: Context) -> (Token, String) {
+        let (t, l) = self.item(self.position, context);
+        let out = (t, l.to_owned());
+        self.position += 1;
+        out
+    }
+
+    fn parse(&mut self) -> Result<Vec<Requirement>, SelectorError> {
+        let mut requirements = Vec::new();
+        loop {
+            let (token, literal) = self.lookahead(Context::Values);
+            match token {
+                Token::Identifier | Token::DoesNotExist => {
+                    let r = self.parse_requirement().map_err(|e| {
+                        SelectorError::new(format!("unable to parse requirement: {e}"))
+                    })?;
+                    if requirements.len() == MAX_REQUIREMENTS {
+                        return Err(too_many("label"));
+                    }
+                    requirements.push(r);
+                    let (t, l) = self.consume(Context::Values);
+                    match t {
+                        Token::EndOfString => return Ok(requirements),
+                        Token::Comma => {
+                            let (t2, l2) = self.lookahead(Context::Values);
+                            if t2 != Token::Identifier && t2 != Token::DoesNotExist {
+                                return Err(SelectorError::new(format!(
+                                    "found '{l2}', expected: identifier after ','"
+                                )));
+                            }
+                        }
+                        _ => {
+                            return Err(SelectorError::new(format!(
+                                "found '{l}', expected: ',' or 'end of string'"
+                            )))
+                        }
+                    }
+                }
+                Token::EndOfString => return Ok(requirements),
+                _ => {
+                    return Err(SelectorError::new(format!(
+                        "found '{literal}', expected: !, identifier, or 'end of string'"
+                    )))
+                }
+            }
+        }
+    }
+
+    fn parse_requirement(&mut self) -> Result<Requirement, String> {
+        let (key, operator) = self.parse_key_and_infer_operator()?;
+        if let Some(op @ (Operator::Exists | Operator::DoesNotExist)) = operator {
+            return new_requirement(key, op, Vec::new());
+        }
+        let operator = self.parse_operator()?;
+        let values = match operator {
+            Operator::In | Operator::NotIn => self.parse_values()?,
+            _ => self.parse_exact_value()?,
+        };
+        new_requirement(key, operator, values)
+    }
+
+    fn parse_key_and_infer_operator(&mut self) -> Result<(String, Option<Operator>), String> {
+        let mut operator = None;
+        let (mut token, mut literal) = self.consume(Context::Values);
+        if token == Token::DoesNotExist {
+            operator = Some(Operator::DoesNotExist);
+            (token, literal) = self.consume(Context::Values);
+        }
+        if token != Token::Identifier {
+            return Err(format!("found '{literal}', expected: identifier"));
+        }
+        // Go validates with a nil field path, which prints as "<nil>".
+        if let Some(e) = invalid_label_key(&literal, "<nil>") {
+            return Err(e);
+        }
+        let (next, _) = self.lookahead(Context::Values);
+        if (next == Token::EndOfString || next == Token::Comma) && operator.is_none() {
+            operator = Some(Operator::Exists);
+        }
+        Ok((literal, operator))
+    }
+
+    fn parse_operator(&mut self) -> Result<Operator, String> {
+        let (token, literal) = self.consume(Context::KeyAndOperator);
+        Ok(match token {
+            Token::In => Operator::In,
+            Token::Equals => Operator::Equals,
+            Token::DoubleEquals => Operator::DoubleEquals,
+            Token::GreaterThan => Operator::GreaterThan,
+            Token::LessThan => Operator::LessThan,
+            Token::NotIn => Operator::NotIn,
+            Token::NotEquals => Operator::NotEquals,
+            _ => {
+                return Err(format!(
+                    "found '{literal}', expected: in, notin, =, ==, !=, gt, lt"
+                ))
+            }
+        })
+    }
+
+    fn parse_values(&mut self) -> Result<Vec<String>, String> {
+        let (token, literal) = self.consume(Context::Values);
+        if token != Token::OpenPar {
+            return Err(format!("found '{literal}' expected: '('"));
+        }
+        let (token, literal) = self.lookahead(Context::Values);
+        match token {
+            Token::Identifier | Token::Comma => {
+                let values = self.parse_identifiers_list()?;
+                let (token, _) = self.consume(Context::Values);
+                if token != Token::ClosedPar {
+                    // Go reports the literal looked at before the list, as here.
+                    return Err(format!("found '{literal}', expected: ')'"));
+                }
+                Ok(values)
+            }
+            Token::ClosedPar => {
+                self.consume(Context::Values);
+                Ok(vec![String::new()])
+            }
+            _ => Err(format!(
+                "found '{literal}', expected: ',', ')' or identifier"
+            )),
+        }
+    }
+
+    fn parse_identifiers_list(&mut self) -> Result<Vec<String>, String> {
+        let mut set = std::collections::BTreeSet::new();
+        loop {
+            let (token, literal) = self.consume(Context::Values);
+            match token {
+                Token::Identifier => {
+                    set.insert(literal);
+                    let (next, next_literal) = self.lookahead(Context::Values);
+                    match next {
+                        Token::Comma => continue,
+                        Token::ClosedPar => return Ok(set.into_iter().collect()),
+                        _ => return Err(format!("found '{next_literal}', expected: ',' or ')'")),
+                    }
+                }
+                Token::Comma => {
+                    if set.is_empty() {
+                        set.insert(String::new());
+                    }
+                    let (next, _) = self.lookahead(Context::Values);
+                    if next == Token::ClosedPar {
+                        set.insert(String::new());
+                        return Ok(set.into_iter().collect());
+                    }
+                    if next == Token::Comma {
+                        set.insert(String::new());
+                    }
+                }
+                _ => return Err(format!("found '{literal}', expected: ',', or identifier")),
+            }
+        }
+    }
+
+    fn parse_exact_value(&mut self) -> Result<Vec<String>, String> {
+        let (token, _) = self.lookahead(Context::Values);
+        if token == Token::EndOfString || token == Token::Comma {
+            return Ok(vec![String::new()]);
+        }
+        let (token, literal) = self.consume(Context::Values);
+        if token == Token::Identifier {
+            return Ok(vec![literal]);
+        }
+        Err(format!("found '{literal}', expected: identifier"))
+    }
+}
+
+/// `NewRequirement` as reached from the parser: the key is already valid and the value count
+/// right for the operator, so only `>`/`<` integers and label values are checked. Errors are
+/// aggregated like `field.ErrorList.ToAggregate()`.
+fn new_requirement(
+    key: String,
+    operator: Operator,
+    values: Vec<String>,
+) -> Result<Requirement, String> {
+    let mut errors: Vec<String> = Vec::new();
+    if matches!(operator, Operator::GreaterThan | Operator::LessThan) {
+        for (i, value) in values.iter().enumerate() {
+            if go_parse_int(value).is_err() {
+                errors.push(format!(
+                    "values[{i}]: Invalid value: {}: for 'Gt', 'Lt' operators, the value must be an integer",
+                    go_quote(value)
+                ));
+            }
+        }
+    }
+    for (i, value) in values.iter().enumerate() {
+        let messages = label_value_errors(value);
+        if !messages.is_empty() {
+            errors.push(format!(
+                "values[{i}][{key}]: Invalid value: {}: {}",
+                go_quote(value),
+                messages.join("; ")
+            ));
+        }
+    }
+    if errors.is_empty() {
+        Ok(Requirement {
+            key,
+            operator,
+            values,
+        })
+    } else {
+        Err(aggregate(errors))
+    }
+}
+
+/// `utilerrors.NewAggregate(…).Error()` over already formatted messages: duplicates dropped,
+/// one message bare, several as `[a, b]`.
+pub(crate) fn aggregate(messages: Vec<String>) -> String {
+    let mut seen: Vec<String> = Vec::new();
+    for m in messages {
+        if !seen.contains(&m) {
+            seen.push(m);
+        }
+    }
+    if seen.len() == 1 {
+        seen.pop().unwrap_or_default()
+    } else {
+        format!("[{}]", seen.join(", "))
+    }
+}
+
+// `content` validation (k8s.io/apimachinery/pkg/api/validate/content).
+
+const LABEL_KEY_FMT: &str = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]";
+const LABEL_KEY_ERR: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+const LABEL_VALUE_FMT: &str = "(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?";
+const LABEL_VALUE_ERR: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+const DNS1123_SUBDOMAIN_FMT: &str =
+    "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*";
+const DNS1123_SUBDOMAIN_ERR: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
+
+/// `content.RegexError`, including Go's doubled space before "or".
+fn regex_error(message: &str, regex: &str, examples: &[&str]) -> String {
+    let mut out = message.to_owned();
+    if examples.is_empty() {
+        out.push_str(&format!(" (regex used for validation is '{regex}')"));
+        return out;
+    }
+    out.push_str(" (e.g. ");
+    for (i, example) in examples.iter().enumerate() {
+        if i > 0 {
+            out.push_str(" or ");
+        }
+        out.push_str(&format!("'{example}', "));
+    }
+    out.push_str(&format!("regex used for validation is '{regex}')"));
+    out
+}
+
+fn is_alnum(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+}
+
+/// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`, anchored.
+fn is_label_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    match (b.first(), b.last()) {
+        (Some(&first), Some(&last)) => {
+            is_alnum(first)
+                && is_alnum(last)
+                && b.iter()
+                    .all(|&c| is_alnum(c) || matches!(c, b'-' | b'_' | b'.'))
+        }
+        _ => false,
+    }
+}
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, anchored.
+pub(crate) fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    let lower_alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    match (b.first(), b.last()) {
+        (Some(&first), Some(&last)) => {
+            lower_alnum(first)
+                && lower_alnum(last)
+                && b.iter().all(|&c| lower_alnum(c) || c == b'-')
+        }
+        _ => false,
+    }
+}
+
+/// The DNS-1123 subdomain pattern, anchored (no length check).
+pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
+    s.split('.').all(is_dns1123_label)
+}
+
+fn dns1123_subdomain_errors(value: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if value.len() > 253 {
+        errors.push("must be no more than 253 bytes".to_owned());
+    }
+    if !is_dns1123_subdomain(value) {
+        errors.push(regex_error(
+            DNS1123_SUBDOMAIN_ERR,
+            DNS1123_SUBDOMAIN_FMT,
+            &["example.com"],
+        ));
+    }
+    errors
+}
+
+/// `content.IsLabelKey`'s messages.
+fn label_key_errors(value: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    let parts: Vec<&str> = value.split('/').collect();
+    let name = match parts.as_slice() {
+        [name] => *name,
+        [prefix, name] => {
+            if prefix.is_empty() {
+                errors.push("prefix part must be non-empty".to_owned());
+            } else {
+                errors.extend(
+                    dns1123_subdomain_errors(prefix)
+                        .into_iter()
+                        .map(|m| format!("prefix part {m}")),
+                );
+            }
+            *name
+        }
+        _ => {
+            errors.push(format!(
+                "a valid label key {} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')",
+                regex_error(LABEL_KEY_ERR, LABEL_KEY_FMT, &["MyName", "my.name", "123-abc"])
+            ));
+            return errors;
+        }
+    };
+    if name.is_empty() {
+        errors.push("name part must be non-empty".to_owned());
+    } else if name.len() > 63 {
+        errors.push("name part must be no more than 63 bytes".to_owned());
+    }
+    if !is_label_name(name) {
+        errors.push(format!(
+            "name part {}",
+            regex_error(
+                LABEL_KEY_ERR,
+                LABEL_KEY_FMT,
+                &["MyName", "my.name", "123-abc"]
+            )
+        ));
+    }
+    errors
+}
+
+/// `content.IsLabelValue`'s messages.
+fn label_value_errors(value: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if value.len() > 63 {
+        errors.push("must be no more than 63 bytes".to_owned());
+    }
+    if !value.is_empty() && !is_label_name(value) {
+        errors.push(regex_error(
+            LABEL_VALUE_ERR,
+            LABEL_VALUE_FMT,
+            &["MyValue", "my_value", "12345"],
+        ));
+    }
+    errors
+}
+
+/// `validateLabelKey`: `<path>: Invalid value: "<key>": <messages joined by "; ">`.
+fn invalid_label_key(key: &str, path: &str) -> Option<String> {
+    let messages = label_key_errors(key);
+    (!messages.is_empty()).then(|| {
+        format!(
+            "{path}: Invalid value: {}: {}",
+            go_quote(key),
+            messages.join("; ")
+        )
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Field selectors.
+
+/// The only field labels metrics.k8s.io accepts (`DefaultMetaV1FieldSelectorConversion`).
+pub const SUPPORTED_FIELDS: [&str; 2] = ["metadata.name", "metadata.namespace"];
+
+/// One term of a field selector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldTerm {
+    /// The field label, e.g. `metadata.name`.
+    pub field: String,
+    /// The unescaped value.
+    pub value: String,
+    /// `!=` rather than `=`/`==`.
+    pub negated: bool,
+}
+
+impl FieldTerm {
+    fn matches(&self, fields: &ObjectFields<'_>) -> bool {
+        (fields.get(&self.field) == self.value) != self.negated
+    }
+}
+
+impl fmt::Display for FieldTerm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = if self.negated { "!=" } else { "=" };
+        write!(f, "{}{op}{}", self.field, escape_field_value(&self.value))
+    }
+}
+
+/// The fields metrics-server filters on: the object's name and, for pods, its namespace
+/// (`generic.AddObjectMetaFieldsSet`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectFields<'a> {
+    /// `metadata.name`.
+    pub name: &'a str,
+    /// `metadata.namespace`: `Some` for namespaced objects (pods), `None` for nodes.
+    pub namespace: Option<&'a str>,
+}
+
+impl ObjectFields<'_> {
+    /// `fields.Set.Get`: the field's value, `""` when the object has no such field.
+    pub fn get(&self, field: &str) -> &str {
+        match field {
+            "metadata.name" => self.name,
+            "metadata.namespace" => self.namespace.unwrap_or(""),
+            _ => "",
+        }
+    }
+}
+
+/// A parsed field selector: the AND of its terms, sorted like Go sorts them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FieldSelector {
+    terms: Vec<FieldTerm>,
+}
+
+impl FieldSelector {
+    /// Parses a selector as `fields.ParseSelector` does (syntax only: any field label is
+    /// accepted here; see [`FieldSelector::check_fields`]).
+    ///
+    /// # Errors
+    ///
+    /// `invalid selector: '<selector>'; can't understand '<term>'`, or an escape error
+    /// (`invalid field selector: …`), as apimachinery words them; kpulse's own bounds.
+    pub fn parse(selector: &str) -> Result<Self, SelectorError> {
+        check_length("field", selector)?;
+        let mut parts = split_terms(selector);
+        parts.sort_unstable();
+        let mut terms = Vec::new();
+        for part in parts {
+            if part.is_empty() {
+                continue;
+            }
+            let Some((field, op, value)) = split_term(part) else {
+                return Err(SelectorError::new(format!(
+                    "invalid selector: '{selector}'; can't understand '{part}'"
+                )));
+            };
+            let value = unescape_field_value(value)?;
+            // The parse-time identity transform turns an empty field with an empty value into
+            // "everything", which the AND then drops.
+            if field.is_empty() && value.is_empty() {
+                continue;
+            }
+            if terms.len() == MAX_REQUIREMENTS {
+                return Err(too_many("field"));
+            }
+            terms.push(FieldTerm {
+                field: field.to_owned(),
+                value,
+                negated: op == "!=",
+            });
+        }
+        Ok(Self { terms })
+    }
+
+    /// The field label check the list handler applies after validation
+    /// (`FieldSelector.Transform` with `DefaultMetaV1FieldSelectorConversion`), terms in
+    /// order.
+    ///
+    /// # Errors
+    ///
+    /// `"<field>" is not a known field selector: only "metadata.name", "metadata.namespace"`
+    /// for the first other field.
+    pub fn check_fields(&self) -> Result<(), SelectorError> {
+        match self
+            .terms
+            .iter()
+            .find(|t| !SUPPORTED_FIELDS.contains(&t.field.as_str()))
+        {
+            Some(t) => Err(SelectorError::new(format!(
+                "{} is not a known field selector: only \"metadata.name\", \"metadata.namespace\"",
+                go_quote(&t.field)
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The selector that matches everything.
+    pub fn everything() -> Self {
+        Self::default()
+    }
+
+    /// Whether this selector has no term (matches everything).
+    pub fn is_empty(&self) -> bool {
+        self.terms.is_empty()
+    }
+
+    /// The terms, in Go's order.
+    pub fn terms(&self) -> &[FieldTerm] {
+        &self.terms
+    }
+
+    /// Whether an object with these fields satisfies every term.
+    pub fn matches(&self, fields: &ObjectFields<'_>) -> bool {
+        self.terms.iter().all(|t| t.matches(fields))
+    }
+
+    /// `Selector.RequiresExactMatch`: the value of the first `=`/`==` term on `field`.
+    pub fn requires_exact_match(&self, field: &str) -> Option<&str> {
+        self.terms
+            .iter()
+            .find(|t| !t.negated && t.field == field)
+            .map(|t| t.value.as_str())
+    }
+}
+
+impl fmt::Display for FieldSelector {
+    /// `Selector.String()`: terms joined by `,`, values escaped.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, t) in self.terms.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{t}")?;
+        }
+        Ok(())
+    }
+}
+
+/// `splitTerms`: split on commas not escaped by a backslash.
+fn split_terms(selector: &str) -> Vec<&str> {
+    if selector.is_empty() {
+        return Vec::new();
+    }
+    let mut terms = Vec::new();
+    let mut start = 0;
+    let mut in_slash = false;
+    for (i, c) in selector.char_indices() {
+        if in_slash {
+            in_slash = false;
+        } else if c == '\\' {
+            in_slash = true;
+        } else if c == ',' {
+            terms.push(selector.get(start..i).unwrap_or_default());
+            start = i + 1;
+        }
+    }
+    terms.push(selector.get(start..).unwrap_or_default());
+    terms
+}
+
+/// `splitTerm`: the first position holding `!=`, `==` or `=` (tried in that order).
+fn split_term(term: &str) -> Option<(&str, &'static str, &str)> {
+    for (i, _) in term.char_indices() {
+        let rest = term.get(i..).unwrap_or_default();
+        for op in ["!=", "==", "="] {
+            if rest.starts_with(op) {
+                return Some((
+                    term.get(..i).unwrap_or_default(),
+                    op,
+                    term.get(i + op.len()..).unwrap_or_default(),
+                ));
+            }
+        }
+    }
+    None
+}
+
+fn escape_field_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        if matches!(c, '\\' | ',' | '=') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `fields.UnescapeValue`.
+fn unescape_field_value(value: &str) -> Result<String, SelectorError> {
+    if !value.contains(['\\', ',', '=']) {
+        return Ok(value.to_owned());
+    }
+    let mut out = String::with_capacity(value.len());
+    let mut in_slash = false;
+    for c in value.chars() {
+        if in_slash {
+            match c {
+                '\\' | ',' | '=' => out.push(c),
+                _ => {
+                    return Err(SelectorError::new(format!(
+                        "invalid field selector: invalid escape sequence: \\{c}"
+                    )))
+                }
+            }
+            in_slash = false;
+            continue;
+        }
+        match c {
+            '\\' => in_slash = true,
+            // Go prints the rune with %v: its number.
+            ',' | '=' => {
+                return Err(SelectorError::new(format!(
+                    "invalid field selector: unescaped character in value: {}",
+                    u32::from(c)
+                )))
+            }
+            _ => out.push(c),
+        }
+    }
+    if in_slash {
+        return Err(SelectorError::new(
+            "invalid field selector: invalid escape sequence: \\",
+        ));
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Go library behaviour shared with `request.rs`.
+
+/// A `strconv.ParseInt(s, 10, 64)` failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IntError {
+    /// `invalid syntax`.
+    Syntax,
+    /// `value out of range`.
+    Range,
+}
+
+impl IntError {
+    /// The error text Go prints: `strconv.ParseInt: parsing "<s>": <reason>`.
+    pub(crate) fn message(self, input: &str) -> String {
+        let reason = match self {
+            Self::Syntax => "invalid syntax",
+            Self::Range => "value out of range",
+        };
+        format!("strconv.ParseInt: parsing {}: {reason}", go_quote(input))
+    }
+}
+
+/// `strconv.ParseInt(s, 10, 64)`: optional sign, ASCII digits, no underscores; a range error
+/// wins as soon as the digits overflow, even before a later bad character.
+pub(crate) fn go_parse_int(s: &str) -> Result<i64, IntError> {
+    let (negative, digits) = match s.as_bytes().first() {
+        Some(b'+') => (false, s.get(1..).unwrap_or_default()),
+        Some(b'-') => (true, s.get(1..).unwrap_or_default()),
+        _ => (false, s),
+    };
+    if digits.is_empty() {
+        return Err(IntError::Syntax);
+    }
+    let mut n: u64 = 0;
+    for b in digits.bytes() {
+        if !b.is_ascii_digit() {
+            return Err(IntError::Syntax);
+        }
+        n = n
+            .checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(b - b'0')))
+            .ok_or(IntError::Range)?;
+    }
+    if negative {
+        if n > 1 << 63 {
+            return Err(IntError::Range);
+        }
+        Ok(0i64.wrapping_sub_unsigned(n))
+    } else {
+        i64::try_from(n).map_err(|_| IntError::Range)
+    }
+}
+
+/// Go's `sort.Sort` (pattern-defeating quicksort, insertion sort up to 12 elements), ported
+/// so that comparators that are not strict weak orders (goautoneg's) order exactly as in Go.
+/// Ported from Go 1.19's `sort/zsortinterface.go`.
+pub(crate) fn go_sort<T>(data: &mut [T], less: impl Fn(&T, &T) -> bool) {
+    let n = data.len();
+    if n <= 1 {
+        return;
+    }
+    let limit = usize::BITS - n.leading_zeros();
+    let mut s = GoSorter { data, less: &less };
+    s.pdqsort(0, n, limit);
+}
+
+struct GoSorter<'a, T, F> {
+    data: &'a mut [T],
+    less: &'a F,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hint {
+    Unknown,
+    Increasing,
+    Decreasing,
+}
+
+impl<T, F: Fn(&T, &T) -> bool> GoSorter<'_, T, F> {
+    fn less(&self, i: usize, j: usize) -> bool {
+        match (self.data.get(i), self.data.get(j)) {
+            (Some(a), Some(b)) => (self.less)(a, b),
+            _ => false,
+        }
+    }
+
+    fn swap(&mut self, i: usize, j: usize) {
+        if i < self.data.len() && j < self.data.len() {
+            self.data.swap(i, j);
+        }
+    }
+
+    fn insertion_sort(&mut self, a: usize, b: usize) {
+        for i in a + 1..b {
+            let mut j = i;
+            while j > a && self.less(j, j - 1) {
+                self.swap(j, j - 1);
+                j -= 1;
+            }
+        }
+    }
+
+    fn sift_down(&mut self, lo: usize, hi: usize, first: usize) {
+        let mut root = lo;
+        loop {
+            let mut child = 2 * root + 1;
+            if child >= hi {
+                return;
+            }
+            if child + 1 < hi && self.less(first + child, first + child + 1) {
+                child += 1;
+            }
+            if !self.less(first + root, first + child) {
+                return;
+            }
+            self.swap(first + root, first + child);
+            root = child;
+        }
+    }
+
+    fn heap_sort(&mut self, a: usize, b: usize) {
+        let first = a;
+        let hi = b - a;
+        for i in (0..=(hi - 1) / 2).rev() {
+            self.sift_down(i, hi, first);
+        }
+        for i in (0..hi).rev() {
+            self.swap(first, first + i);
+            self.sift_down(0, i, first);
+        }
+    }
+
+    fn pdqsort(&mut self, mut a: usize, mut b: usize, mut limit: u32) {
+        const MAX_INSERTION: usize = 12;
+        let mut was_balanced = true;
+        let mut was_partitioned = true;
+        loop {
+            let length = b - a;
+            if length <= MAX_INSERTION {
+                self.insertion_sort(a, b);
+                return;
+            }
+            if limit == 0 {
+                self.heap_sort(a, b);
+                return;
+            }
+            if !was_balanced {
+                self.break_patterns(a, b);
+                limit -= 1;
+            }
+            let (mut pivot, mut hint) = self.choose_pivot(a, b);
+            if hint == Hint::Decreasing {
+                self.reverse_range(a, b);
+                pivot = (b - 1) - (pivot - a);
+                hint = Hint::Increasing;
+            }
+            if was_balanced
+                && was_partitioned
+                && hint == Hint::Increasing
+                && self.partial_insertion_sort(a, b)
+            {
+                return;
+            }
+            if a > 0 && !self.less(a - 1, pivot) {
+                a = self.partition_equal(a, b, pivot);
+                continue;
+            }
+            let (mid, already) = self.partition(a, b, pivot);
+            was_partitioned = already;
+            let (left, right) = (mid - a, b - mid);
+            let threshold = length / 8;
+            if left < right {
+                was_balanced = left >= threshold;
+                self.pdqsort(a, mid, limit);
+                a = mid + 1;
+            } else {
+                was_balanced = right >= threshold;
+                self.pdqsort(mid + 1, b, limit);
+                b = mid;
+            }
+        }
+    }
+
+    fn partition(&mut self, a: usize, b: usize, pivot: usize) -> (usize, bool) {
+        self.swap(a, pivot);
+        // i and j as in Go, shifted by one so that j never goes below zero.
+        let (mut i, mut j) = (a + 1, b);
+        while i < j && self.less(i, a) {
+            i += 1;
+        }
+        while i < j && !self.less(j - 1, a) {
+            j -= 1;
+        }
+        if i >= j {
+            self.swap(j - 1, a);
+            return (j - 1, true);
+        }
+        self.swap(i, j - 1);
+        i += 1;
+        j -= 1;
+        loop {
+            while i < j && self.less(i, a) {
+                i += 1;
+            }
+            while i < j && !self.less(j - 1, a) {
+                j -= 1;
+            }
+            if i >= j {
+                break;
+            }
+            self.swap(i, j - 1);
+            i += 1;
+            j -= 1;
+        }
+        self.swap(j - 1, a);
+        (j - 1, false)
+    }
+
+    fn partition_equal(&mut self, a: usize, b: usize, pivot: usize) -> usize {
+        self.swap(a, pivot);
+        let (mut i, mut j) = (a + 1, b);
+        loop {
+            while i < j && !self.less(a, i) {
+                i += 1;
+            }
+            while i < j && self.less(a, j - 1) {
+                j -= 1;
+            }
+            if i >= j {
+                break;
+            }
+            self.swap(i, j - 1);
+            i += 1;
+            j -= 1;
+        }
+        i
+    }
+
+    fn partial_insertion_sort(&mut self, a: usize, b: usize) -> bool {
+        const MAX_STEPS: usize = 5;
+        const SHORTEST_SHIFTING: usize = 50;
+        let mut i = a + 1;
+        for _ in 0..MAX_STEPS {
+            while i < b && !self.less(i, i - 1) {
+                i += 1;
+            }
+            if i == b {
+                return true;
+            }
+            if b - a < SHORTEST_SHIFTING {
+                return false;
+            }
+            self.swap(i, i - 1);
+            if i - a >= 2 {
+                let mut j = i - 1;
+                while j >= 1 {
+                    if !self.less(j, j - 1) {
+                        break;
+                    }
+                    self.swap(j, j - 1);
+                    j -= 1;
+                }
+            }
+            if b - i >= 2 {
+                let mut j = i + 1;
+                while j < b {
+                    if !self.less(j, j - 1) {
+                        break;
+                    }
+                    self.swap(j, j - 1);
+                    j += 1;
+                }
+            }
+        }
+        false
+    }
+
+    fn break_patterns(&mut self, a: usize, b: usize) {
+        let length = b - a;
+        if length >= 8 {
+            let mut random = length as u64;
+            let modulus = 1usize << (usize::BITS - length.leading_zeros());
+            let start = a + (length / 4) * 2 - 1;
+            for idx in start..=start + 2 {
+                random ^= random << 13;
+                random ^= random >> 17;
+                random ^= random << 5;
+                let mut other = (random as usize) & (modulus - 1);
+                if other >= length {
+                    other -= length;
+                }
+                self.swap(idx, a + other);
+            }
+        }
+    }
+
+    fn choose_pivot(&mut self, a: usize, b: usize) -> (usize, Hint) {
+        const SHORTEST_NINTHER: usize = 50;
+        const MAX_SWAPS: usize = 4 * 3;
+        let l = b - a;
+        let mut swaps = 0;
+        let mut i = a + l / 4;
+        let mut j = a + l / 4 * 2;
+        let mut k = a + l / 4 * 3;
+        if l >= 8 {
+            if l >= SHORTEST_NINTHER {
+                i = self.median(i - 1, i, i + 1, &mut swaps);
+                j = self.median(j - 1, j, j + 1, &mut swaps);
+                k = self.median(k - 1, k, k + 1, &mut swaps);
+            }
+            j = self.median(i, j, k, &mut swaps);
+        }
+        match swaps {
+            0 => (j, Hint::Increasing),
+            MAX_SWAPS => (j, Hint::Decreasing),
+            _ => (j, Hint::Unknown),
+        }
+    }
+
+    fn order2(&self, a: usize, b: usize, swaps: &mut usize) -> (usize, usize) {
+        if self.less(b, a) {
+            *swaps += 1;
+            (b, a)
+        } else {
+            (a, b)
+        }
+    }
+
+    fn median(&self, a: usize, b: usize, c: usize, swaps: &mut usize) -> usize {
+        let (a, b) = self.order2(a, b, swaps);
+        let (b, c) = self.order2(b, c, swaps);
+        let _ = c;
+        let (_, b) = self.order2(a, b, swaps);
+        b
+    }
+
+    fn reverse_range(&mut self, a: usize, b: usize) {
+        let (mut i, mut j) = (a, b - 1);
+        while i < j {
+            self.swap(i, j);
+            i += 1;
+            j -= 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // apimachinery's messages, including RegexError's doubled space before "or".
+    const KEY_RE: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+    const VALUE_RE: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
+    const FIELDS: &str =
+        "is not a known field selector: only \"metadata.name\", \"metadata.namespace\"";
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn parse_err(selector: &str) -> String {
+        match LabelSelector::parse(selector) {
+            Ok(s) => panic!("{selector:?} parsed as {s}"),
+            Err(e) => e.message,
+        }
+    }
+
+    #[test]
+    fn valid_label_selectors_parse_like_go() {
+        // (input, Go's String() of the parsed selector)
+        let cases = [
+            ("", ""),
+            ("a", "a"),
+            ("!a", "!a"),
+            ("a=b", "a=b"),
+            ("a==b", "a==b"),
+            ("a!=b", "a!=b"),
+            (" a = b ", "a=b"),
+            ("a\tin\t(x)", "a in (x)"),
+            ("a\nin (y,x,y)", "a in (x,y)"),
+            ("a notin (x)", "a notin (x)"),
+            ("a in ()", "a in ()"),
+            ("a in (,)", "a in ()"),
+            ("a in (x,)", "a in (,x)"),
+            ("a in (,x)", "a in (,x)"),
+            ("a in (x,,y)", "a in (,x,y)"),
+            ("a=", "a="),
+            ("a==,b", "a==,b"),
+            ("a!=,b", "a!=,b"),
+            ("a>1", "a>1"),
+            ("a<1", "a<1"),
+            ("a>01", "a>01"),
+            ("z,b=c,!a", "!a,b=c,z"),
+            ("in in (in)", "in in (in)"),
+            ("notin notin (notin)", "notin notin (notin)"),
+            ("a=in", "a=in"),
+            ("example.com/a=b", "example.com/a=b"),
+            ("a_b.c-d=e_f.g-h", "a_b.c-d=e_f.g-h"),
+            (
+                "app.kubernetes.io/name in (web, api),tier!=db",
+                "app.kubernetes.io/name in (api,web),tier!=db",
+            ),
+            // A NUL byte ends the input the way Go's lexer reads it.
+            ("a=b \u{0} junk", "a=b"),
+        ];
+        for (input, want) in cases {
+            match LabelSelector::parse(input) {
+                Ok(s) => assert_eq!(s.to_string(), want, "{input:?}"),
+                Err(e) => panic!("{input:?}: {e}"),
+            }
+        }
+        let long_key = format!("{}=v", "k".repeat(63));
+        assert!(LabelSelector::parse(&long_key).is_ok());
+        let long_value = format!("k={}", "v".repeat(63));
+        assert!(LabelSelector::parse(&long_value).is_ok());
+    }
+
+    #[test]
+    fn invalid_label_selectors_give_apimachinery_messages() {
+        let cases: Vec<(String, String)> = vec![
+            ("-a=b".into(), format!("unable to parse requirement: <nil>: Invalid value: \"-a\": name part {KEY_RE}")),
+            ("a_=b".into(), format!("unable to parse requirement: <nil>: Invalid value: \"a_\": name part {KEY_RE}")),
+            ("é=a".into(), format!("unable to parse requirement: <nil>: Invalid value: \"é\": name part {KEY_RE}")),
+            ("a=-b".into(), format!("unable to parse requirement: values[0][a]: Invalid value: \"-b\": {VALUE_RE}")),
+            ("a=é".into(), format!("unable to parse requirement: values[0][a]: Invalid value: \"é\": {VALUE_RE}")),
+            ("a=b_,c=d_".into(), format!("unable to parse requirement: values[0][a]: Invalid value: \"b_\": {VALUE_RE}")),
+            ("a>-5".into(), format!("unable to parse requirement: values[0][a]: Invalid value: \"-5\": {VALUE_RE}")),
+            (
+                "a in (-x,y_)".into(),
+                format!(
+                    "unable to parse requirement: [values[0][a]: Invalid value: \"-x\": {VALUE_RE}, values[1][a]: Invalid value: \"y_\": {VALUE_RE}]"
+                ),
+            ),
+            ("a>x".into(), "unable to parse requirement: values[0]: Invalid value: \"x\": for 'Gt', 'Lt' operators, the value must be an integer".into()),
+            ("a>".into(), "unable to parse requirement: values[0]: Invalid value: \"\": for 'Gt', 'Lt' operators, the value must be an integer".into()),
+            ("a>1a".into(), "unable to parse requirement: values[0]: Invalid value: \"1a\": for 'Gt', 'Lt' operators, the value must be an integer".into()),
+            ("a>99999999999999999999".into(), "unable to parse requirement: values[0]: Invalid value: \"99999999999999999999\": for 'Gt', 'Lt' operators, the value must be an integer".into()),
+            (format!("k={}", "v".repeat(64)), format!("unable to parse requirement: values[0][k]: Invalid value: \"{}\": must be no more than 63 bytes", "v".repeat(64))),
+            (format!("{}=v", "x".repeat(64)), format!("unable to parse requirement: <nil>: Invalid value: \"{}\": name part must be no more than 63 bytes", "x".repeat(64))),
+            (format!("{}/n=v", "p".repeat(254)), format!("unable to parse requirement: <nil>: Invalid value: \"{}/n\": prefix part must be no more than 253 bytes", "p".repeat(254))),
+            ("/a=b".into(), "unable to parse requirement: <nil>: Invalid value: \"/a\": prefix part must be non-empty".into()),
+            ("example.com/".into(), format!("unable to parse requirement: <nil>: Invalid value: \"example.com/\": name part must be non-empty; name part {KEY_RE}")),
+            (
+                "Ex.com/a=b".into(),
+                "unable to parse requirement: <nil>: Invalid value: \"Ex.com/a\": prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".into(),
+            ),
+            ("a/b/c=d".into(), format!("unable to parse requirement: <nil>: Invalid value: \"a/b/c\": a valid label key {KEY_RE} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')")),
+            ("a in (x y)".into(), "unable to parse requirement: found 'y', expected: ',' or ')'".into()),
+            ("a in x".into(), "unable to parse requirement: found 'x' expected: '('".into()),
+            ("a notin".into(), "unable to parse requirement: found '' expected: '('".into()),
+            ("a (".into(), "unable to parse requirement: found '(', expected: in, notin, =, ==, !=, gt, lt".into()),
+            ("a b".into(), "unable to parse requirement: found 'b', expected: in, notin, =, ==, !=, gt, lt".into()),
+            ("a\u{0}b".into(), "unable to parse requirement: found 'b', expected: in, notin, =, ==, !=, gt, lt".into()),
+            ("a>+1".into(), format!("unable to parse requirement: values[0][a]: Invalid value: \"+1\": {VALUE_RE}")),
+            ("a<=1".into(), "unable to parse requirement: found '=', expected: identifier".into()),
+            ("a=(b)".into(), "unable to parse requirement: found '(', expected: identifier".into()),
+            ("!".into(), "unable to parse requirement: found '', expected: identifier".into()),
+            ("a=b c=d".into(), "found 'c', expected: ',' or 'end of string'".into()),
+            ("a=b)".into(), "found ')', expected: ',' or 'end of string'".into()),
+            ("!a=b".into(), "found '=', expected: ',' or 'end of string'".into()),
+            ("a,".into(), "found '', expected: identifier after ','".into()),
+            ("a,,b".into(), "found ',', expected: identifier after ','".into()),
+            ("(".into(), "found '(', expected: !, identifier, or 'end of string'".into()),
+            (")a".into(), "found ')', expected: !, identifier, or 'end of string'".into()),
+            ("=".into(), "found '=', expected: !, identifier, or 'end of string'".into()),
+        ];
+        for (input, want) in cases {
+            assert_eq!(parse_err(&input), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn label_matching_semantics() {
+        let none = labels(&[]);
+        let web = labels(&[("app", "web"), ("tier", "front"), ("n", "5")]);
+        let empty_app = labels(&[("app", "")]);
+        // (selector, matches none, matches web, matches empty_app)
+        let cases = [
+            ("", true, true, true),
+            ("app", false, true, true),
+            ("!app", true, false, false),
+            ("app=web", false, true, false),
+            ("app==web", false, true, false),
+            ("app!=web", true, false, true),
+            ("app!=api", true, true, true),
+            ("app=", false, false, true),
+            ("app!=", true, true, false),
+            ("app in (web,api)", false, true, false),
+            ("app in ()", false, false, true),
+            ("app notin (web)", true, false, true),
+            ("app notin (api)", true, true, true),
+            ("app=web,tier=front", false, true, false),
+            ("app=web,tier=back", false, false, false),
+            ("app,!tier", false, false, true),
+            ("n>4", false, true, false),
+            ("n>5", false, false, false),
+            ("n<6", false, true, false),
+            ("n>-4x", false, false, false),
+            ("app>1", false, false, false),
+        ];
+        for (selector, want_none, want_web, want_empty) in cases {
+            let Ok(s) = LabelSelector::parse(selector) else {
+                // Only ">-4x" is invalid: its value fails validation.
+                assert_eq!(selector, "n>-4x");
+                continue;
+            };
+            assert_eq!(s.matches(&none), want_none, "{selector:?} on no labels");
+            assert_eq!(s.matches(&web), want_web, "{selector:?} on web");
+            assert_eq!(
+                s.matches(&empty_app),
+                want_empty,
+                "{selector:?} on app=\"\""
+            );
+        }
+    }
+
+    #[test]
+    fn requirements_and_exact_matches() {
+        let Ok(s) = LabelSelector::parse("b in (y),a=x,c notin (z),d") else {
+            panic!("parse")
+        };
+        let keys: Vec<&str> = s.requirements().iter().map(Requirement::key).collect();
+        assert_eq!(keys, ["a", "b", "c", "d"]);
+        assert_eq!(s.requirements()[2].operator(), Operator::NotIn);
+        assert_eq!(s.requirements()[2].values(), ["z"]);
+        assert_eq!(s.requires_exact_match("a"), Some("x"));
+        assert_eq!(s.requires_exact_match("b"), Some("y"));
+        assert_eq!(s.requires_exact_match("c"), None);
+        assert_eq!(s.requires_exact_match("zz"), None);
+        assert!(LabelSelector::everything().is_empty());
+        assert!(!s.is_empty());
+    }
+
+    #[test]
+    fn label_selector_bounds() {
+        let many = vec!["a"; MAX_REQUIREMENTS].join(",");
+        assert!(LabelSelector::parse(&many).is_ok());
+        let too_many = vec!["a"; MAX_REQUIREMENTS + 1].join(",");
+        assert_eq!(
+            parse_err(&too_many),
+            "label selector has too many requirements: at most 256 are accepted"
+        );
+        let long = format!("a in ({})", "x".repeat(MAX_SELECTOR_BYTES));
+        assert_eq!(
+            parse_err(&long),
+            format!(
+                "label selector is too long: {} bytes, at most 16384 are accepted",
+                long.len()
+            )
+        );
+    }
+
+    #[test]
+    fn field_selectors() {
+        // (input, Ok(String()) or Err(message) from parse, then check_fields)
+        let cases: Vec<(&str, Result<&str, String>)> = vec![
+            ("", Ok("")),
+            ("metadata.name=x", Ok("metadata.name=x")),
+            ("metadata.name==x", Ok("metadata.name=x")),
+            ("metadata.name!=x", Ok("metadata.name!=x")),
+            (
+                "metadata.namespace=default,metadata.name=a",
+                Ok("metadata.name=a,metadata.namespace=default"),
+            ),
+            ("metadata.name=a\\,b", Ok("metadata.name=a\\,b")),
+            ("metadata.name=a\\=b", Ok("metadata.name=a\\=b")),
+            ("metadata.name=a\\\\b", Ok("metadata.name=a\\\\b")),
+            ("metadata.name=", Ok("metadata.name=")),
+            (",metadata.name=x,", Ok("metadata.name=x")),
+            ("=", Ok("")),
+            ("!=", Ok("")),
+            (
+                "spec.nodeName=n1",
+                Err(format!("\"spec.nodeName\" {FIELDS}")),
+            ),
+            (
+                "metadata.name=a,spec.x=b,a.b=c",
+                Err(format!("\"a.b\" {FIELDS}")),
+            ),
+            ("metadata.uid=x", Err(format!("\"metadata.uid\" {FIELDS}"))),
+            (
+                " metadata.name=x",
+                Err(format!("\" metadata.name\" {FIELDS}")),
+            ),
+            ("=x", Err(format!("\"\" {FIELDS}"))),
+            (
+                "a=b=c",
+                Err("invalid field selector: unescaped character in value: 61".into()),
+            ),
+            (
+                "metadata.name=a\\b",
+                Err("invalid field selector: invalid escape sequence: \\b".into()),
+            ),
+            (
+                "metadata.name=a\\",
+                Err("invalid field selector: invalid escape sequence: \\".into()),
+            ),
+            (
+                "metadata.name",
+                Err("invalid selector: 'metadata.name'; can't understand 'metadata.name'".into()),
+            ),
+            (
+                "metadata.name=a,bad",
+                Err("invalid selector: 'metadata.name=a,bad'; can't understand 'bad'".into()),
+            ),
+        ];
+        for (input, want) in cases {
+            let got = FieldSelector::parse(input)
+                .and_then(|s| s.check_fields().map(|()| s))
+                .map(|s| s.to_string())
+                .map_err(|e| e.message);
+            assert_eq!(
+                got.as_deref().map_err(String::as_str),
+                want.as_deref().map_err(String::as_str),
+                "{input:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn field_matching_uses_name_and_pod_namespace() {
+        let node = ObjectFields {
+            name: "n1",
+            namespace: None,
+        };
+        let pod = ObjectFields {
+            name: "web-0",
+            namespace: Some("default"),
+        };
+        // (selector, matches node, matches pod)
+        let cases = [
+            ("", true, true),
+            ("metadata.name=n1", true, false),
+            ("metadata.name!=n1", false, true),
+            ("metadata.name==web-0", false, true),
+            ("metadata.namespace=default", false, true),
+            ("metadata.namespace!=default", true, false),
+            ("metadata.namespace=", true, false),
+            (
+                "metadata.name=web-0,metadata.namespace=default",
+                false,
+                true,
+            ),
+            ("metadata.name=web-0,metadata.namespace=other", false, false),
+        ];
+        for (selector, want_node, want_pod) in cases {
+            let Ok(s) = FieldSelector::parse(selector) else {
+                panic!("{selector:?}")
+            };
+            assert_eq!(s.matches(&node), want_node, "{selector:?} on node");
+            assert_eq!(s.matches(&pod), want_pod, "{selector:?} on pod");
+        }
+        let Ok(s) = FieldSelector::parse("metadata.name!=a,metadata.name=b") else {
+            panic!("parse")
+        };
+        assert_eq!(s.requires_exact_match("metadata.name"), Some("b"));
+        assert_eq!(s.requires_exact_match("metadata.namespace"), None);
+        assert_eq!(s.terms().len(), 2);
+        assert!(FieldSelector::everything().is_empty());
+    }
+
+    #[test]
+    fn field_selector_bounds() {
+        let many = vec!["metadata.name=a"; MAX_REQUIREMENTS + 1].join(",");
+        assert_eq!(
+            FieldSelector::parse(&many).map_err(|e| e.message),
+            Err("field selector has too many requirements: at most 256 are accepted".to_owned())
+        );
+        let long = "x".repeat(MAX_SELECTOR_BYTES + 1);
+        assert!(FieldSelector::parse(&long).is_err());
+    }
+
+    #[test]
+    fn go_parse_int_matches_strconv() {
+        let cases: [(&str, Result<i64, IntError>); 14] = [
+            ("0", Ok(0)),
+            ("-0", Ok(0)),
+            ("+7", Ok(7)),
+            ("007", Ok(7)),
+            ("9223372036854775807", Ok(i64::MAX)),
+            ("-9223372036854775808", Ok(i64::MIN)),
+            ("9223372036854775808", Err(IntError::Range)),
+            ("-9223372036854775809", Err(IntError::Range)),
+            ("99999999999999999999x", Err(IntError::Range)),
+            ("", Err(IntError::Syntax)),
+            ("-", Err(IntError::Syntax)),
+            ("1_000", Err(IntError::Syntax)),
+            (" 1", Err(IntError::Syntax)),
+            ("0x10", Err(IntError::Syntax)),
+        ];
+        for (input, want) in cases {
+            assert_eq!(go_parse_int(input), want, "{input:?}");
+        }
+        assert_eq!(
+            IntError::Syntax.message("abc"),
+            "strconv.ParseInt: parsing \"abc\": invalid syntax"
+        );
+        assert_eq!(
+            IntError::Range.message("99999999999999999999"),
+            "strconv.ParseInt: parsing \"99999999999999999999\": value out of range"
+        );
+    }
+
+    #[test]
+    fn go_sort_sorts_and_matches_insertion_sort_for_small_inputs() {
+        let mut v: Vec<u32> = (0..500).map(|i| (i * 7919) % 503).collect();
+        go_sort(&mut v, |a, b| a < b);
+        assert!(v.windows(2).all(|w| w[0] <= w[1]));
+        let mut rev: Vec<u32> = (0..100).rev().collect();
+        go_sort(&mut rev, |a, b| a < b);
+        assert_eq!(rev, (0..100).collect::<Vec<_>>());
+        // A comparator that is no strict weak order must not panic.
+        let mut odd: Vec<u32> = (0..200).collect();
+        go_sort(&mut odd, |a, b| (a ^ b) % 3 == 1);
+        assert_eq!(odd.len(), 200);
+    }
+
+    /// A small deterministic generator for garbage inputs.
+    fn garbage(seed: &mut u64, alphabet: &[&str], max_len: u64) -> String {
+        let mut next = || {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            *seed
+        };
+        let len = next() % (max_len + 1);
+        (0..len)
+            .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
+            .collect()
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let alphabet = [
+            "a",
+            "b",
+            "1",
+            "-",
+            "_",
+            ".",
+            "/",
+            "=",
+            "!",
+            "(",
+            ")",
+            ",",
+            " ",
+            "\t",
+            "<",
+            ">",
+            "in",
+            "notin",
+            "\\",
+            "é",
+            "\u{0}",
+            "metadata.name",
+            "\u{2028}",
+            "%",
+        ];
+        let mut seed = 0x9e37_79b9_7f4a_7c15;
+        let any = labels(&[("a", "1"), ("b", "")]);
+        let fields = ObjectFields {
+            name: "a",
+            namespace: Some("b"),
+        };
+        for _ in 0..20_000 {
+            let input = garbage(&mut seed, &alphabet, 24);
+            if let Ok(s) = LabelSelector::parse(&input) {
+                let _ = s.matches(&any);
+                // What Go prints parses back to the same requirements.
+                let again = LabelSelector::parse(&s.to_string());
+                assert_eq!(
+                    again.as_ref().map(|a| a.requirements().len()).ok(),
+                    Some(s.requirements().len()),
+                    "{input:?}"
+                );
+            }
+            if let Ok(s) = FieldSelector::parse(&input) {
+                let _ = s.check_fields();
+                let _ = s.matches(&fields);
+            }
+        }
+    }
+}

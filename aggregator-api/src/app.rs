@@ -1,5 +1,6 @@
-//! The request router: which path is answered by what. Today: health endpoints; the
-//! metrics.k8s.io API is mounted here as it lands.
+//! The request router and the security gate. Health endpoints answer unauthenticated
+//! probes; every other request is authenticated (the chain of `auth::chain`), authorized
+//! (a SubjectAccessReview), stripped of credentials, and only then handed to the API.
 
 use std::sync::Arc;
 
@@ -8,6 +9,14 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::{
+    api::{
+        request::{preflight, Rejection, RequestParts},
+        types::{encode_json, Status},
+    },
+    auth::{
+        chain::Chain,
+        delegated::{internal_error_body, Attributes, Authorizer, Decision},
+    },
     health::{self, Check},
     serve::{text, Handler, Peer},
 };
@@ -23,35 +32,141 @@ pub struct HealthChecks {
     pub readyz: Vec<Arc<dyn Check>>,
 }
 
-/// The server's handler.
-pub struct App {
-    /// Health checks.
-    pub health: HealthChecks,
+/// Who may do what.
+pub struct Security {
+    /// Authentication.
+    pub chain: Chain,
+    /// Authorization.
+    pub authorizer: Arc<Authorizer>,
 }
 
-impl Handler for App {
-    async fn handle(&self, req: Request<Bytes>, _peer: &Peer) -> Response<Full<Bytes>> {
-        let path = req.uri().path();
-        let query = req.uri().query().unwrap_or("");
-        for (endpoint, checks) in [
-            ("healthz", &self.health.healthz),
-            ("livez", &self.health.livez),
-            ("readyz", &self.health.readyz),
-        ] {
-            let prefix = format!("/{endpoint}");
-            if path == prefix || path.starts_with(&format!("{prefix}/")) {
-                if req.method() != http::Method::GET && req.method() != http::Method::HEAD {
-                    return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+/// What answers authorized requests: `None` from the router means "not ours" (404).
+pub trait Router: Send + Sync + 'static {
+    /// Answers an authenticated, authorized request.
+    fn route(&self, req: &Request<Bytes>) -> Option<Response<Full<Bytes>>>;
+}
+
+/// The router while no API is mounted: every authorized request is a 404.
+pub struct NoApi;
+
+impl Router for NoApi {
+    fn route(&self, _req: &Request<Bytes>) -> Option<Response<Full<Bytes>>> {
+        None
+    }
+}
+
+/// The server's handler.
+pub struct App<R: Router> {
+    /// Health checks (no authentication: kubelet probes carry no credentials).
+    pub health: HealthChecks,
+    /// Authentication and authorization for everything else.
+    pub security: Security,
+    /// The API.
+    pub router: R,
+}
+
+fn status_response(s: &Status) -> Response<Full<Bytes>> {
+    let code = StatusCode::from_u16(s.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    match encode_json(s) {
+        Ok(body) => {
+            let mut r = Response::new(Full::new(Bytes::from(body)));
+            *r.status_mut() = code;
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        Err(_) => text(
+            code,
+            format!("{}\n", code.canonical_reason().unwrap_or("error")),
+        ),
+    }
+}
+
+fn health_answer(
+    checks: &HealthChecks,
+    method: &http::Method,
+    path: &str,
+    query: &str,
+) -> Option<Response<Full<Bytes>>> {
+    for (endpoint, list) in [
+        ("healthz", &checks.healthz),
+        ("livez", &checks.livez),
+        ("readyz", &checks.readyz),
+    ] {
+        let prefix = format!("/{endpoint}");
+        if path == prefix || path.starts_with(&format!("{prefix}/")) {
+            if method != http::Method::GET && method != http::Method::HEAD {
+                return Some(text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"));
+            }
+            let sub = path
+                .strip_prefix(&format!("{prefix}/"))
+                .filter(|s| !s.is_empty());
+            let a = health::evaluate(endpoint, list, sub, query);
+            let status =
+                StatusCode::from_u16(a.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return Some(text(status, a.body));
+        }
+    }
+    None
+}
+
+impl<R: Router> Handler for App<R> {
+    async fn handle(&self, mut req: Request<Bytes>, peer: &Peer) -> Response<Full<Bytes>> {
+        let path = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or("").to_string();
+        if let Some(r) = health_answer(&self.health, req.method(), &path, &query) {
+            return r;
+        }
+        // What the apiserver checks before authentication (`?timeout=`, the request info).
+        let info = {
+            let parts = RequestParts::from_http(&req);
+            match preflight(&parts) {
+                Ok(p) => p.info,
+                Err(Rejection::Error(e)) => return status_response(&e.status),
+                Err(Rejection::Plain { code, body }) => {
+                    return text(
+                        StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST),
+                        body,
+                    )
                 }
-                let sub = path
-                    .strip_prefix(&format!("{prefix}/"))
-                    .filter(|s| !s.is_empty());
-                let a = health::evaluate(endpoint, checks, sub, query);
-                let status =
-                    StatusCode::from_u16(a.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-                return text(status, a.body);
+                Err(_) => return text(StatusCode::NOT_FOUND, "404 page not found\n"),
+            }
+        };
+        let certs = peer.client_certs.as_ref().map(|c| c.as_slice());
+        let user = match self
+            .security
+            .chain
+            .authenticate(certs, req.headers(), &path)
+            .await
+        {
+            Ok(a) => a.user,
+            Err(u) => {
+                if u.api_unavailable() {
+                    tracing::warn!(%path, "authentication failed: the Kubernetes API could not review the token");
+                }
+                return status_response(&u.status());
+            }
+        };
+        self.security.chain.strip_credentials(req.headers_mut());
+        let attrs = Attributes::new(&user, info.attributes(&user.name), &info.api_version);
+        match self.security.authorizer.authorize(&attrs).await {
+            Decision::Allow => {}
+            Decision::Deny(reason) => {
+                return status_response(&Status::forbidden(attrs.request(), &reason));
+            }
+            Decision::Error(message) => {
+                tracing::warn!(%path, user = %user.name, error = %message, "authorization failed closed");
+                let uri = req.uri().to_string();
+                return text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    internal_error_body(&uri, &message),
+                );
             }
         }
-        text(StatusCode::NOT_FOUND, "404 page not found\n")
+        self.router
+            .route(&req)
+            .unwrap_or_else(|| text(StatusCode::NOT_FOUND, "404 page not found\n"))
     }
 }

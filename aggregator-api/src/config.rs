@@ -34,6 +34,97 @@ pub struct Config {
     /// Comma-separated TLS 1.2 cipher suites (Go/IANA names); empty = defaults.
     #[arg(long, env = "KPULSE_TLS_CIPHER_SUITES", value_delimiter = ',')]
     pub tls_cipher_suites: Vec<String>,
+
+    /// kubeconfig for the Kubernetes API (TokenReview, SubjectAccessReview); default:
+    /// in-cluster configuration, then `$KUBECONFIG` / `~/.kube/config`.
+    #[arg(long, env = "KPULSE_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// CA bundle that verifies the front proxy's client certificate.
+    #[arg(long, env = "KPULSE_REQUESTHEADER_CLIENT_CA_FILE")]
+    pub requestheader_client_ca_file: Option<PathBuf>,
+    /// Front-proxy certificate CNs allowed to name users (empty = any from the CA).
+    #[arg(
+        long,
+        env = "KPULSE_REQUESTHEADER_ALLOWED_NAMES",
+        value_delimiter = ','
+    )]
+    pub requestheader_allowed_names: Vec<String>,
+    /// Headers carrying the user name.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-User")]
+    pub requestheader_username_headers: Vec<String>,
+    /// Headers carrying the user's UID.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-Uid")]
+    pub requestheader_uid_headers: Vec<String>,
+    /// Headers carrying the user's groups.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-Group")]
+    pub requestheader_group_headers: Vec<String>,
+    /// Header prefixes carrying extra user attributes.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-Extra-")]
+    pub requestheader_extra_headers_prefix: Vec<String>,
+    /// CA bundle for x509 client-certificate authentication (CN = user, O = groups).
+    #[arg(long, env = "KPULSE_CLIENT_CA_FILE")]
+    pub client_ca_file: Option<PathBuf>,
+    /// Allow unauthenticated requests (as `system:anonymous`); off by default.
+    #[arg(long, env = "KPULSE_ANONYMOUS_AUTH", default_value_t = false)]
+    pub anonymous_auth: bool,
+    /// How long TokenReview answers are cached.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub authentication_token_webhook_cache_ttl: std::time::Duration,
+    /// How long "allowed" SubjectAccessReview answers are cached.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub authorization_webhook_cache_authorized_ttl: std::time::Duration,
+    /// How long "denied" SubjectAccessReview answers are cached.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub authorization_webhook_cache_unauthorized_ttl: std::time::Duration,
+    /// Paths served without authorization (health endpoints).
+    #[arg(long, value_delimiter = ',', default_value = "/healthz,/readyz,/livez")]
+    pub authorization_always_allow_paths: Vec<String>,
+    /// Data older than this is never served (a disconnected node's metrics expire).
+    #[arg(long, env = "KPULSE_METRIC_EXPIRY", default_value = "10s", value_parser = duration)]
+    pub metric_expiry: std::time::Duration,
+    /// Node and pod metadata (JSON: `{"nodes":[{"name","labels"}],"pods":[{"namespace","name","labels"}]}`),
+    /// until the agents' stream provides it.
+    #[arg(long, env = "KPULSE_METADATA_FILE")]
+    pub metadata_file: Option<PathBuf>,
+}
+
+fn duration(s: &str) -> Result<std::time::Duration, String> {
+    parse_go_duration(s)
+        .ok_or_else(|| format!("{s:?}: expected a duration such as 10s, 500ms or 1m"))
+}
+
+/// `10s`, `500ms`, `1m30s`, `2h`: the Go duration forms the matching metrics-server flags
+/// take (no fractions; units h, m, s, ms).
+fn parse_go_duration(s: &str) -> Option<std::time::Duration> {
+    let mut total = std::time::Duration::ZERO;
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return None;
+        }
+        let n: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (std::time::Duration::from_millis(1), 2)
+        } else if rest.starts_with('h') {
+            (std::time::Duration::from_secs(3600), 1)
+        } else if rest.starts_with('m') {
+            (std::time::Duration::from_secs(60), 1)
+        } else if rest.starts_with('s') {
+            (std::time::Duration::from_secs(1), 1)
+        } else {
+            return None;
+        };
+        rest = &rest[len..];
+        total = total.checked_add(unit.checked_mul(u32::try_from(n).ok()?)?)?;
+    }
+    Some(total)
 }
 
 /// Flags that cannot work together.
@@ -57,6 +148,24 @@ impl Config {
         if let Err(e) = crate::tls::cipher_suites(&self.tls_cipher_suites) {
             errs.push(e.to_string());
         }
+        if self.metric_expiry.is_zero() {
+            errs.push("--metric-expiry must be positive".into());
+        }
+        for (flag, path) in [
+            (
+                "--requestheader-client-ca-file",
+                &self.requestheader_client_ca_file,
+            ),
+            ("--client-ca-file", &self.client_ca_file),
+            ("--metadata-file", &self.metadata_file),
+            ("--kubeconfig", &self.kubeconfig),
+        ] {
+            if let Some(p) = path {
+                if !p.is_file() {
+                    errs.push(format!("{flag} {}: no such file", p.display()));
+                }
+            }
+        }
         if errs.is_empty() {
             Ok(())
         } else {
@@ -78,6 +187,25 @@ mod tests {
         let c = parse(&[]);
         assert_eq!(c.secure_port, 10250);
         c.validate().expect("valid");
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(
+            parse_go_duration("10s"),
+            Some(std::time::Duration::from_secs(10))
+        );
+        assert_eq!(
+            parse_go_duration("1m30s"),
+            Some(std::time::Duration::from_secs(90))
+        );
+        assert_eq!(
+            parse_go_duration("250ms"),
+            Some(std::time::Duration::from_millis(250))
+        );
+        for bad in ["", "10", "s", "1.5s", "-1s", "10x", "99999999999h"] {
+            assert_eq!(parse_go_duration(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -5,7 +5,8 @@ use std::{process::ExitCode, sync::Arc, time::Duration};
 use anyhow::Context;
 use clap::Parser;
 use kpulse_aggregator_api::{
-    app::{App, HealthChecks},
+    app::{App, HealthChecks, Security},
+    auth::{self, chain, delegated, x509::CaBundle},
     config::Config,
     health, serve, tls,
 };
@@ -72,12 +73,15 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     tracing::info!(%addr, "serving");
+    let security = security(&cfg).await?;
     let app = Arc::new(App {
         health: HealthChecks {
             healthz: vec![health::ping()],
             livez: vec![health::ping()],
             readyz: vec![health::ping()],
         },
+        security,
+        router: kpulse_aggregator_api::app::NoApi,
     });
     serve::serve(
         listener,
@@ -89,6 +93,79 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     .await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Authentication and authorization from the flags; the Kubernetes API client they
+/// need comes from `--kubeconfig`, else the in-cluster configuration or `$KUBECONFIG`.
+async fn security(cfg: &Config) -> anyhow::Result<Security> {
+    let kube_config = match &cfg.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("using --kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context(
+            "no Kubernetes API configuration (in-cluster or $KUBECONFIG): it is needed for \
+             TokenReview and SubjectAccessReview; pass --kubeconfig",
+        )?,
+    };
+    let client =
+        kube::Client::try_from(kube_config).context("building the Kubernetes API client")?;
+    let read_ca = |flag: &str, path: &std::path::Path| -> anyhow::Result<CaBundle> {
+        let pem = std::fs::read_to_string(path)
+            .with_context(|| format!("reading {flag} {}", path.display()))?;
+        Ok(CaBundle::from_pem(
+            &pem,
+            &format!("{flag} {}", path.display()),
+        )?)
+    };
+    let request_header = match &cfg.requestheader_client_ca_file {
+        Some(path) => Some(auth::requestheader::Config {
+            ca: read_ca("--requestheader-client-ca-file", path)?,
+            allowed_names: cfg.requestheader_allowed_names.clone(),
+            username_headers: cfg.requestheader_username_headers.clone(),
+            uid_headers: cfg.requestheader_uid_headers.clone(),
+            group_headers: cfg.requestheader_group_headers.clone(),
+            extra_prefixes: cfg.requestheader_extra_headers_prefix.clone(),
+        }),
+        None => None,
+    };
+    let client_ca = match &cfg.client_ca_file {
+        Some(path) => Some(read_ca("--client-ca-file", path)?),
+        None => None,
+    };
+    let tokens = delegated::TokenAuthenticator::new(
+        client.clone(),
+        delegated::TokenConfig {
+            cache_ttl: cfg.authentication_token_webhook_cache_ttl,
+            ..Default::default()
+        },
+    )?;
+    let chain = chain::Chain::new(chain::ChainConfig {
+        request_header,
+        client_ca,
+        tokens: Some(Arc::new(tokens)),
+        anonymous: if cfg.anonymous_auth {
+            chain::Anonymous::Enabled { paths: Vec::new() }
+        } else {
+            chain::Anonymous::Disabled
+        },
+    })?;
+    let authorizer = delegated::Authorizer::new(
+        client,
+        delegated::AuthorizerConfig {
+            allow_ttl: cfg.authorization_webhook_cache_authorized_ttl,
+            deny_ttl: cfg.authorization_webhook_cache_unauthorized_ttl,
+            always_allow_paths: cfg.authorization_always_allow_paths.clone(),
+            ..Default::default()
+        },
+    )?;
+    Ok(Security {
+        chain,
+        authorizer: Arc::new(authorizer),
+    })
 }
 
 /// SIGTERM or SIGINT.

@@ -85,7 +85,7 @@ pub fn evaluate(
                 body: "ok".into(),
             },
             Err(reason) => {
-                tracing::info!(check = name, %reason, "{endpoint} check failed");
+                tracing::debug!(check = name, %reason, "{endpoint} check failed");
                 Answer {
                     status: 500,
                     body: "internal server error: reason withheld\n".into(),
@@ -104,7 +104,7 @@ pub fn evaluate(
             Ok(()) => lines.push_str(&format!("[+]{} ok\n", c.name())),
             Err(reason) => {
                 failed = true;
-                tracing::info!(check = c.name(), %reason, "{endpoint} check failed");
+                tracing::debug!(check = c.name(), %reason, "{endpoint} check failed");
                 lines.push_str(&format!("[-]{} failed: reason withheld\n", c.name()));
             }
         }

@@ -74,11 +74,29 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {addr}"))?;
     tracing::info!(%addr, "serving");
     let security = security(&cfg).await?;
+    let store = Arc::new(
+        kpulse_aggregator_api::store::Store::new(kpulse_aggregator_api::store::StoreConfig::new(
+            cfg.metric_expiry,
+        ))
+        .context("store configuration")?,
+    );
+    let metadata = kpulse_aggregator_api::metadata::StaticMetadata::new();
+    if let Some(path) = &cfg.metadata_file {
+        metadata.load_file(path)?;
+    }
+    let ready_store = store.clone();
+    let storage_ready = health::FnCheck::arc("metric-storage-ready", move || {
+        if ready_store.ready() {
+            Ok(())
+        } else {
+            Err("no metrics to serve".into())
+        }
+    });
     let app = Arc::new(App {
         health: HealthChecks {
             healthz: vec![health::ping()],
             livez: vec![health::ping()],
-            readyz: vec![health::ping()],
+            readyz: vec![health::ping(), storage_ready],
         },
         security,
         router: kpulse_aggregator_api::app::NoApi,

@@ -46,12 +46,9 @@ pub trait Router: Send + Sync + 'static {
     fn route(&self, req: &Request<Bytes>) -> Option<Response<Full<Bytes>>>;
 }
 
-/// The router while no API is mounted: every authorized request is a 404.
-pub struct NoApi;
-
-impl Router for NoApi {
-    fn route(&self, _req: &Request<Bytes>) -> Option<Response<Full<Bytes>>> {
-        None
+impl<C: crate::store::Clock + 'static> Router for crate::api::handler::ApiContext<C> {
+    fn route(&self, req: &Request<Bytes>) -> Option<Response<Full<Bytes>>> {
+        crate::api::handler::handle(self, req)
     }
 }
 

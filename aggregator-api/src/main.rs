@@ -99,7 +99,16 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             readyz: vec![health::ping(), storage_ready],
         },
         security,
-        router: kpulse_aggregator_api::app::NoApi,
+        router: kpulse_aggregator_api::api::handler::ApiContext {
+            store,
+            metadata,
+            discovery: Arc::new(kpulse_aggregator_api::api::discovery::Discovery::new(
+                kpulse_aggregator_api::api::discovery::Options {
+                    external_address: format!(":{}", cfg.secure_port),
+                    ..Default::default()
+                },
+            )),
+        },
     });
     serve::serve(
         listener,

@@ -253,6 +253,53 @@ fn requests_are_authenticated_and_authorized_through_the_kubernetes_api() {
         !ok && err.contains("forbidden") && err.contains("nobody"),
         "{err}"
     );
+    // The metrics API itself, behind the same gates: an empty list (no agent has sent data),
+    // discovery, a NotFound in metrics-server's words, and a denial naming the resource.
+    let (ok, out, err) = kubectl_as(
+        bin,
+        &s.dir,
+        s.port,
+        "kpulse-test",
+        &["get", "--raw", "/apis/metrics.k8s.io/v1beta1/nodes"],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, "{\"kind\":\"NodeMetricsList\",\"apiVersion\":\"metrics.k8s.io/v1beta1\",\"metadata\":{},\"items\":[]}\n");
+    let (ok, out, err) = kubectl_as(
+        bin,
+        &s.dir,
+        s.port,
+        "kpulse-test",
+        &["get", "--raw", "/apis/metrics.k8s.io/v1beta1"],
+    );
+    assert!(
+        ok && out.contains("\"kind\":\"APIResourceList\"") && out.contains("\"name\":\"pods\""),
+        "{out} {err}"
+    );
+    let (ok, _, err) = kubectl_as(
+        bin,
+        &s.dir,
+        s.port,
+        "kpulse-test",
+        &[
+            "get",
+            "--raw",
+            "/apis/metrics.k8s.io/v1/namespaces/default/pods/nope",
+        ],
+    );
+    assert!(!ok && err.contains("not found"), "{err}");
+    let (ok, _, err) = kubectl_as(
+        bin,
+        &s.dir,
+        s.port,
+        "denied-token",
+        &["get", "--raw", "/apis/metrics.k8s.io/v1beta1/nodes"],
+    );
+    assert!(
+        !ok && err.contains("cannot list resource")
+            && err.contains("nodes")
+            && err.contains("metrics.k8s.io"),
+        "{err}"
+    );
     // Health endpoints need no credentials at all.
     let (ok, out, err) = kubectl_as(bin, &s.dir, s.port, "wrong", &["get", "--raw", "/livez"]);
     assert!(ok && out == "ok", "{out} {err}");

@@ -3,6 +3,7 @@
 //! receive what they need from the caller.
 
 pub mod discovery;
+pub mod handler;
 pub mod objects;
 pub mod proto;
 pub mod request;

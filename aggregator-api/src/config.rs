@@ -64,6 +64,15 @@ pub struct Config {
     /// CA bundle for x509 client-certificate authentication (CN = user, O = groups).
     #[arg(long, env = "KPULSE_CLIENT_CA_FILE")]
     pub client_ca_file: Option<PathBuf>,
+    /// Do not take the request-header settings and client CA from the
+    /// `kube-system/extension-apiserver-authentication` ConfigMap (by default, each of the
+    /// two that has no `--requestheader-client-ca-file` / `--client-ca-file` flag follows it).
+    #[arg(
+        long,
+        env = "KPULSE_AUTHENTICATION_SKIP_LOOKUP",
+        default_value_t = false
+    )]
+    pub authentication_skip_lookup: bool,
     /// Allow unauthenticated requests (as `system:anonymous`); off by default.
     #[arg(long, env = "KPULSE_ANONYMOUS_AUTH", default_value_t = false)]
     pub anonymous_auth: bool,

@@ -47,6 +47,8 @@ fn main() -> ExitCode {
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
+    // Installed before the port is bound: a SIGTERM from then on drains.
+    let shutdown = shutdown_signal();
     let source = match (&cfg.tls_cert_file, &cfg.tls_private_key_file) {
         (Some(cert), Some(key)) => tls::CertSource::Files {
             cert: cert.clone(),
@@ -115,14 +117,15 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         Arc::new(server_config),
         app,
         serve::Limits::default(),
-        shutdown_signal(),
+        shutdown,
     )
     .await;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Authentication and authorization from the flags; the Kubernetes API client they
+/// Authentication and authorization from the flags and the
+/// `extension-apiserver-authentication` ConfigMap; the Kubernetes API client they
 /// need comes from `--kubeconfig`, else the in-cluster configuration or `$KUBECONFIG`.
 async fn security(cfg: &Config) -> anyhow::Result<Security> {
     let kube_config = match &cfg.kubeconfig {
@@ -180,6 +183,28 @@ async fn security(cfg: &Config) -> anyhow::Result<Security> {
             chain::Anonymous::Disabled
         },
     })?;
+    // As k8s.io/apiserver's DelegatingAuthenticationOptions: a part given by flags is
+    // used instead of the ConfigMap's; the others follow the ConfigMap.
+    let follow = auth::authconfig::Follow {
+        request_header: cfg.requestheader_client_ca_file.is_none(),
+        client_ca: cfg.client_ca_file.is_none(),
+    };
+    if cfg.authentication_skip_lookup {
+        tracing::info!("--authentication-skip-lookup: not following the authentication ConfigMap");
+    } else if follow.request_header || follow.client_ca {
+        tracing::info!(
+            request_header = follow.request_header,
+            client_ca = follow.client_ca,
+            "following {}/{}",
+            auth::authconfig::NAMESPACE,
+            auth::authconfig::NAME
+        );
+        tokio::spawn(auth::authconfig::follow(
+            client.clone(),
+            chain.clone(),
+            follow,
+        ));
+    }
     let authorizer = delegated::Authorizer::new(
         client,
         delegated::AuthorizerConfig {
@@ -195,18 +220,21 @@ async fn security(cfg: &Config) -> anyhow::Result<Security> {
     })
 }
 
-/// SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// SIGTERM or SIGINT; the handlers are installed when this is called, not when awaited.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: draining"),
-        _ = int.recv() => tracing::info!("SIGINT: draining"),
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int)) = handlers else {
+            tracing::error!("cannot install signal handlers; stop with SIGKILL");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: draining"),
+            _ = int.recv() => tracing::info!("SIGINT: draining"),
+        }
     }
 }

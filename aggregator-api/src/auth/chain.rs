@@ -17,8 +17,15 @@
 //! the anonymous user is `system:anonymous` in `system:unauthenticated`
 //! (`pkg/authentication/request/anonymous/anonymous.go`). Every 401 has the same body:
 //! `Status` `Unauthorized`, reason `Unauthorized` (`pkg/endpoints/filters/authentication.go`).
+//!
+//! The CA-based methods (1 and 2) can change while serving — k8s.io/apiserver's dynamic CA
+//! content, fed by the `extension-apiserver-authentication` ConfigMap
+//! ([`super::authconfig`]): [`Chain::set_ca_sources`] swaps them atomically (`ArcSwap`), so
+//! the request path takes no lock and a request sees either the old or the new sources.
 
 use std::{fmt, sync::Arc};
+
+use arc_swap::ArcSwap;
 
 use http::HeaderMap;
 use rustls::pki_types::CertificateDer;
@@ -57,14 +64,23 @@ pub enum Anonymous {
 /// The authentication methods to use; unset ones are skipped.
 #[derive(Clone, Debug, Default)]
 pub struct ChainConfig {
-    /// The front proxy (`--requestheader-*`).
+    /// The front proxy (`--requestheader-*`); initial value, see [`Chain::set_ca_sources`].
     pub request_header: Option<requestheader::Config>,
-    /// `--client-ca-file`.
+    /// `--client-ca-file`; initial value, see [`Chain::set_ca_sources`].
     pub client_ca: Option<CaBundle>,
     /// TokenReviews (needs a Kubernetes API client).
     pub tokens: Option<Arc<TokenAuthenticator>>,
     /// Anonymous requests.
     pub anonymous: Anonymous,
+}
+
+/// The methods that trust a CA, replaceable while serving.
+#[derive(Clone, Debug, Default)]
+pub struct CaSources {
+    /// The front proxy.
+    pub request_header: Option<requestheader::Config>,
+    /// Client certificates.
+    pub client_ca: Option<CaBundle>,
 }
 
 /// A chain with no way to authenticate anyone.
@@ -164,10 +180,13 @@ impl fmt::Display for Unauthenticated {
 
 impl std::error::Error for Unauthenticated {}
 
-/// The authentication chain.
+/// The authentication chain. Clones share their [`CaSources`]: setting them on one sets
+/// them on all.
 #[derive(Clone, Debug)]
 pub struct Chain {
-    config: ChainConfig,
+    ca_sources: Arc<ArcSwap<CaSources>>,
+    tokens: Option<Arc<TokenAuthenticator>>,
+    anonymous: Anonymous,
 }
 
 impl Chain {
@@ -180,7 +199,25 @@ impl Chain {
         if none {
             return Err(NoAuthenticators);
         }
-        Ok(Chain { config })
+        Ok(Chain {
+            ca_sources: Arc::new(ArcSwap::from_pointee(CaSources {
+                request_header: config.request_header,
+                client_ca: config.client_ca,
+            })),
+            tokens: config.tokens,
+            anonymous: config.anonymous,
+        })
+    }
+
+    /// Replaces the request-header and client-CA settings; requests authenticated from now
+    /// on use them (lock-free for the request path).
+    pub fn set_ca_sources(&self, sources: CaSources) {
+        self.ca_sources.store(Arc::new(sources));
+    }
+
+    /// The request-header and client-CA settings in use.
+    pub fn ca_sources(&self) -> Arc<CaSources> {
+        self.ca_sources.load_full()
     }
 
     /// Who sent a request with the TLS client chain `client_certs` (as presented, unverified),
@@ -194,40 +231,12 @@ impl Chain {
         let certs = client_certs.filter(|c| !c.is_empty());
         let mut refusals = Vec::new();
 
-        if let Some(rh) = &self.config.request_header {
-            match requestheader::authenticate(rh, certs, headers) {
-                Ok(requestheader::Outcome::User(user)) => {
-                    return Ok(authenticated(user, Method::RequestHeader));
-                }
-                Ok(requestheader::Outcome::NoUser) => {}
-                Ok(requestheader::Outcome::NotProxy) => {
-                    if certs.is_some() {
-                        refusals.push(Refusal::ProxyCertificateUnverified);
-                    }
-                }
-                Err(e) => refusals.push(Refusal::RequestHeader(e)),
-            }
+        // The guard is dropped before the TokenReview's await.
+        if let Some(done) = self.authenticate_certificates(certs, headers, &mut refusals) {
+            return Ok(done);
         }
 
-        if let (Some(ca), Some(chain)) = (&self.config.client_ca, certs) {
-            if !ca.verifies(chain) {
-                refusals.push(Refusal::ClientCertificateUnverified);
-            } else {
-                match x509::identity(&chain[0]) {
-                    Ok(mut user) => {
-                        if let Some(id) = credential_id(&chain[0]) {
-                            user.extra.insert(CREDENTIAL_ID_KEY.to_owned(), vec![id]);
-                        }
-                        return Ok(authenticated(user, Method::ClientCertificate));
-                    }
-                    // No CN: no opinion, as in k8s.io/apiserver.
-                    Err(AuthnError::NoCommonName) => {}
-                    Err(e) => refusals.push(Refusal::ClientCertificate(e)),
-                }
-            }
-        }
-
-        if let (Some(tokens), Some(token)) = (&self.config.tokens, bearer_token(headers)) {
+        if let (Some(tokens), Some(token)) = (&self.tokens, bearer_token(headers)) {
             match tokens.authenticate(token).await {
                 Ok(Some(user)) => return Ok(authenticated(user, Method::BearerToken)),
                 Ok(None) => refusals.push(Refusal::InvalidBearerToken),
@@ -236,7 +245,7 @@ impl Chain {
         }
 
         if refusals.is_empty() {
-            if let Anonymous::Enabled { paths } = &self.config.anonymous {
+            if let Anonymous::Enabled { paths } = &self.anonymous {
                 if paths.is_empty() || paths.iter().any(|p| p == path) {
                     return Ok(Authenticated {
                         user: UserInfo {
@@ -252,12 +261,55 @@ impl Chain {
         Err(Unauthenticated { refusals })
     }
 
+    /// Methods 1 and 2, with the CA sources in use now.
+    fn authenticate_certificates(
+        &self,
+        certs: Option<&[CertificateDer<'_>]>,
+        headers: &HeaderMap,
+        refusals: &mut Vec<Refusal>,
+    ) -> Option<Authenticated> {
+        let sources = self.ca_sources.load();
+        if let Some(rh) = &sources.request_header {
+            match requestheader::authenticate(rh, certs, headers) {
+                Ok(requestheader::Outcome::User(user)) => {
+                    return Some(authenticated(user, Method::RequestHeader));
+                }
+                Ok(requestheader::Outcome::NoUser) => {}
+                Ok(requestheader::Outcome::NotProxy) => {
+                    if certs.is_some() {
+                        refusals.push(Refusal::ProxyCertificateUnverified);
+                    }
+                }
+                Err(e) => refusals.push(Refusal::RequestHeader(e)),
+            }
+        }
+
+        if let (Some(ca), Some(chain)) = (&sources.client_ca, certs) {
+            if !ca.verifies(chain) {
+                refusals.push(Refusal::ClientCertificateUnverified);
+            } else {
+                match x509::identity(&chain[0]) {
+                    Ok(mut user) => {
+                        if let Some(id) = credential_id(&chain[0]) {
+                            user.extra.insert(CREDENTIAL_ID_KEY.to_owned(), vec![id]);
+                        }
+                        return Some(authenticated(user, Method::ClientCertificate));
+                    }
+                    // No CN: no opinion, as in k8s.io/apiserver.
+                    Err(AuthnError::NoCommonName) => {}
+                    Err(e) => refusals.push(Refusal::ClientCertificate(e)),
+                }
+            }
+        }
+        None
+    }
+
     /// Removes the credentials a handler must never see: `Authorization`, and the front
     /// proxy's identity headers — the standard `X-Remote-User`, `X-Remote-Uid`,
     /// `X-Remote-Group`, `X-Remote-Extra-*` and the configured ones.
     pub fn strip_credentials(&self, headers: &mut HeaderMap) {
         headers.remove(http::header::AUTHORIZATION);
-        if let Some(rh) = &self.config.request_header {
+        if let Some(rh) = &self.ca_sources.load().request_header {
             requestheader::strip(rh, headers);
         }
         for h in ["x-remote-user", "x-remote-uid", "x-remote-group"] {
@@ -570,6 +622,57 @@ mod tests {
             ..ChainConfig::default()
         })
         .is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_swapped_request_header_ca_is_used_at_once() {
+        let f = Fixture::new().await;
+        let chain = f.chain(Anonymous::Disabled);
+        // A clone (what the server holds) sees the swap made through another.
+        let serving = chain.clone();
+        let rotated = TestCa::new("front-proxy-ca-2");
+        let h = headers(&[("X-Remote-User", "jane")]);
+        let old_proxy = [f.proxy_ca.client("front-proxy-client", &[])];
+        let new_proxy = [rotated.client("front-proxy-client", &[])];
+        let a = serving.authenticate(Some(&old_proxy), &h, "/").await;
+        assert_eq!(
+            a.expect("old CA before the swap").method,
+            Method::RequestHeader
+        );
+        let e = serving.authenticate(Some(&new_proxy), &h, "/").await;
+        assert!(e.is_err(), "new CA not trusted yet");
+
+        let client_ca = chain.ca_sources().client_ca.clone();
+        chain.set_ca_sources(CaSources {
+            request_header: Some(header_config(&rotated, &["front-proxy-client"])),
+            client_ca,
+        });
+        let a = serving
+            .authenticate(Some(&new_proxy), &h, "/")
+            .await
+            .expect("new CA after the swap");
+        assert_eq!(
+            (a.user.name.as_str(), a.method),
+            ("jane", Method::RequestHeader)
+        );
+        let e = serving
+            .authenticate(Some(&old_proxy), &h, "/")
+            .await
+            .expect_err("old CA refused");
+        assert_eq!(
+            e.refusals,
+            [
+                Refusal::ProxyCertificateUnverified,
+                Refusal::ClientCertificateUnverified
+            ]
+        );
+        // The client CA was kept.
+        let kubelet = [f.client_ca.client("kubelet", &[])];
+        let a = serving
+            .authenticate(Some(&kubelet), &HeaderMap::new(), "/")
+            .await
+            .expect("client CA kept");
+        assert_eq!(a.method, Method::ClientCertificate);
     }
 
     #[tokio::test]

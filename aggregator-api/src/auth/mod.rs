@@ -10,9 +10,12 @@
 //!
 //! - [`delegated`]: bearer tokens through a TokenReview and authorization through a
 //!   SubjectAccessReview, via `kube`, with TTL caches, failing closed;
+//! - [`authconfig`]: the cluster's `extension-apiserver-authentication` ConfigMap, followed
+//!   so that rotated CAs are trusted without a restart;
 //! - [`chain`]: the order k8s.io/apiserver applies them in for an aggregated server:
 //!   request-header → client certificate → token → anonymous (off unless enabled).
 
+pub mod authconfig;
 pub mod chain;
 pub mod delegated;
 pub mod requestheader;

@@ -116,40 +116,33 @@ pub fn memory_v1(dir: &Path) -> Result<Memory, FsError> {
     Ok(Memory::from_raw(Bytes(usage), Bytes(inactive), Bytes(rss)))
 }
 
+const MEMINFO: &str = "/proc/meminfo";
+
+/// The value of `key` (kB) in the text of `/proc/meminfo`, as bytes.
+fn meminfo_bytes(text: &str, key: &str) -> Result<Bytes, FsError> {
+    text.lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix(key)?.strip_prefix(':')?;
+            rest.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .map(|kib| Bytes(kib.saturating_mul(1024)))
+        .ok_or_else(|| FsError::Parse {
+            path: PathBuf::from(MEMINFO),
+            reason: format!("no {key}"),
+        })
+}
+
 /// `MemTotal - MemFree` from `/proc/meminfo`, bytes: kubelet's node memory usage.
 pub fn meminfo_used() -> Result<Bytes, FsError> {
-    let path = Path::new("/proc/meminfo");
-    let text = read(path)?;
-    let kib = |key: &str| {
-        text.lines()
-            .find_map(|l| {
-                let rest = l.strip_prefix(key)?.strip_prefix(':')?;
-                rest.split_whitespace().next()?.parse::<u64>().ok()
-            })
-            .ok_or_else(|| FsError::Parse {
-                path: path.to_path_buf(),
-                reason: format!("no {key}"),
-            })
-    };
-    Ok(Bytes(
-        kib("MemTotal")?.saturating_sub(kib("MemFree")?) * 1024,
-    ))
+    let text = read(Path::new(MEMINFO))?;
+    let total = meminfo_bytes(&text, "MemTotal")?;
+    let free = meminfo_bytes(&text, "MemFree")?;
+    Ok(Bytes(total.0.saturating_sub(free.0)))
 }
 
 /// `Inactive(file)` from `/proc/meminfo`, bytes.
 pub fn meminfo_inactive_file() -> Result<Bytes, FsError> {
-    let path = Path::new("/proc/meminfo");
-    let text = read(path)?;
-    text.lines()
-        .find_map(|l| {
-            let rest = l.strip_prefix("Inactive(file):")?;
-            rest.split_whitespace().next()?.parse::<u64>().ok()
-        })
-        .map(|k| Bytes(k * 1024))
-        .ok_or_else(|| FsError::Parse {
-            path: path.to_path_buf(),
-            reason: "no Inactive(file)".into(),
-        })
+    meminfo_bytes(&read(Path::new(MEMINFO))?, "Inactive(file)")
 }
 
 /// One directory of a cgroup tree.
@@ -242,6 +235,21 @@ mod tests {
         assert_eq!(flat_key(text, "user_usec"), Some(1000));
         assert_eq!(flat_key(text, "usage"), None);
         assert_eq!(flat_key("usage_usec x\n", "usage_usec"), None);
+    }
+
+    #[test]
+    fn meminfo_keys() {
+        let text = "MemTotal:       1000 kB\nMemFree:         250 kB\nInactive(file):   10 kB\n";
+        assert_eq!(
+            meminfo_bytes(text, "MemTotal").expect("total"),
+            Bytes(1_024_000)
+        );
+        assert_eq!(
+            meminfo_bytes(text, "Inactive(file)").expect("inactive"),
+            Bytes(10_240)
+        );
+        assert!(meminfo_bytes(text, "MemAvailable").is_err());
+        assert!(meminfo_bytes(text, "Mem").is_err(), "a prefix is not a key");
     }
 
     #[test]

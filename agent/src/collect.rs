@@ -100,13 +100,6 @@ pub fn select(
     }
 }
 
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    #[allow(unsafe_code)]
-    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(v).unwrap_or(4096)
-}
-
 /// Node totals shared by both collectors: CPU from the root cgroup's `cpu.stat` (the
 /// kernel computes it from per-CPU `kcpustat`, which no cgroup walk sees), memory as
 /// `MemTotal - MemFree - inactive_file(root)`.
@@ -237,7 +230,6 @@ pub struct EbpfCollector {
     mem_records: Vec<CgroupRecord>,
     cpu_paths: PathCache,
     mem_paths: PathCache,
-    dropped: u64,
     /// Directories whose `cpu.stat` read flushes the subtree's CPU statistics.
     flush_dirs: Vec<std::path::PathBuf>,
 }
@@ -275,12 +267,11 @@ impl EbpfCollector {
             iter,
             cpu_link,
             mem_link,
-            page: page_size(),
+            page: crate::probe::page_size(),
             records: Vec::new(),
             mem_records: Vec::new(),
             cpu_paths: PathCache::default(),
             mem_paths: PathCache::default(),
-            dropped: 0,
             flush_dirs: Vec::new(),
         };
         c.refresh_flush_dirs()?;
@@ -375,11 +366,6 @@ impl EbpfCollector {
     /// The iterator program's kernel id.
     pub fn program_id(&self) -> Option<u32> {
         self.iter.program_id()
-    }
-
-    /// Cgroups dropped so far because there were more than `max_cgroups`.
-    pub fn dropped(&self) -> u64 {
-        self.dropped
     }
 
     /// The kernel layout in use (offsets), for logs.
@@ -643,7 +629,6 @@ impl Collector for EbpfCollector {
         if let Some(root) = out.iter_mut().find(|c| &*c.path == "/") {
             root.cpu = Some(node.cpu);
         }
-        self.dropped += dropped;
         Ok(Snapshot {
             timestamp,
             source: Source::Ebpf,

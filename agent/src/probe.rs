@@ -370,6 +370,13 @@ fn version_mismatch(v: u32) -> ProbeError {
     ))
 }
 
+/// The kernel's page size (memcg counters are in pages).
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(v).unwrap_or(4096)
+}
+
 fn map_records(ebpf: &Ebpf, len: u32) -> Result<RecordsMap, ProbeError> {
     let map = ebpf
         .map(RECORDS_MAP)
@@ -378,8 +385,7 @@ fn map_records(ebpf: &Ebpf, len: u32) -> Result<RecordsMap, ProbeError> {
         return Err(ProbeError::Output(format!("{RECORDS_MAP} is not an array")));
     };
     let len = len as usize;
-    // SAFETY: sysconf has no preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let page = usize::try_from(page_size()).unwrap_or(4096);
     let bytes = (len * std::mem::size_of::<CgroupRecord>()).div_ceil(page) * page;
     // SAFETY: mapping a BPF_F_MMAPABLE array read-only and shared; the kernel checks the
     // length against the map, and the result is checked before use.

@@ -92,19 +92,24 @@ fn health_answer(
         ("livez", &checks.livez),
         ("readyz", &checks.readyz),
     ] {
-        let prefix = format!("/{endpoint}");
-        if path == prefix || path.starts_with(&format!("{prefix}/")) {
-            if method != http::Method::GET && method != http::Method::HEAD {
-                return Some(text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"));
-            }
-            let sub = path
-                .strip_prefix(&format!("{prefix}/"))
-                .filter(|s| !s.is_empty());
-            let a = health::evaluate(endpoint, list, sub, query);
-            let status =
-                StatusCode::from_u16(a.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            return Some(text(status, a.body));
+        // `/<endpoint>` or `/<endpoint>/<check>`.
+        let Some(rest) = path
+            .strip_prefix('/')
+            .and_then(|p| p.strip_prefix(endpoint))
+        else {
+            continue;
+        };
+        let sub = match rest.strip_prefix('/') {
+            Some(sub) => Some(sub).filter(|s| !s.is_empty()),
+            None if rest.is_empty() => None,
+            None => continue,
+        };
+        if method != http::Method::GET && method != http::Method::HEAD {
+            return Some(text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"));
         }
+        let a = health::evaluate(endpoint, list, sub, query);
+        let status = StatusCode::from_u16(a.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return Some(text(status, a.body));
     }
     None
 }

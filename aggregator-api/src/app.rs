@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::Full;
 
 use crate::{
     api::{
@@ -18,7 +17,7 @@ use crate::{
         delegated::{internal_error_body, Attributes, Authorizer, Decision},
     },
     health::{self, Check},
-    serve::{text, Handler, Peer},
+    serve::{full, text, Body, Handler, Peer},
 };
 
 /// Health checks per endpoint.
@@ -43,11 +42,11 @@ pub struct Security {
 /// What answers authorized requests: `None` from the router means "not ours" (404).
 pub trait Router: Send + Sync + 'static {
     /// Answers an authenticated, authorized request.
-    fn route(&self, req: &Request<Bytes>) -> Option<Response<Full<Bytes>>>;
+    fn route(&self, req: &Request<Bytes>) -> Option<Response<Body>>;
 }
 
 impl<C: crate::store::Clock + 'static> Router for crate::api::handler::ApiContext<C> {
-    fn route(&self, req: &Request<Bytes>) -> Option<Response<Full<Bytes>>> {
+    fn route(&self, req: &Request<Bytes>) -> Option<Response<Body>> {
         crate::api::handler::handle(self, req)
     }
 }
@@ -62,11 +61,11 @@ pub struct App<R: Router> {
     pub router: R,
 }
 
-fn status_response(s: &Status) -> Response<Full<Bytes>> {
+fn status_response(s: &Status) -> Response<Body> {
     let code = StatusCode::from_u16(s.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     match encode_json(s) {
         Ok(body) => {
-            let mut r = Response::new(Full::new(Bytes::from(body)));
+            let mut r = Response::new(full(body));
             *r.status_mut() = code;
             r.headers_mut().insert(
                 http::header::CONTENT_TYPE,
@@ -86,7 +85,7 @@ fn health_answer(
     method: &http::Method,
     path: &str,
     query: &str,
-) -> Option<Response<Full<Bytes>>> {
+) -> Option<Response<Body>> {
     for (endpoint, list) in [
         ("healthz", &checks.healthz),
         ("livez", &checks.livez),
@@ -115,7 +114,7 @@ fn health_answer(
 }
 
 impl<R: Router> Handler for App<R> {
-    async fn handle(&self, mut req: Request<Bytes>, peer: &Peer) -> Response<Full<Bytes>> {
+    async fn handle(&self, mut req: Request<Bytes>, peer: &Peer) -> Response<Body> {
         let path = req.uri().path().to_string();
         let query = req.uri().query().unwrap_or("").to_string();
         if let Some(r) = health_answer(&self.health, req.method(), &path, &query) {

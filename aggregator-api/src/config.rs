@@ -91,10 +91,23 @@ pub struct Config {
     /// Data older than this is never served (a disconnected node's metrics expire).
     #[arg(long, env = "KPULSE_METRIC_EXPIRY", default_value = "10s", value_parser = duration)]
     pub metric_expiry: std::time::Duration,
-    /// Node and pod metadata (JSON: `{"nodes":[{"name","labels"}],"pods":[{"namespace","name","labels"}]}`),
-    /// until the agents' stream provides it.
-    #[arg(long, env = "KPULSE_METADATA_FILE")]
-    pub metadata_file: Option<PathBuf>,
+    /// A watch without `timeoutSeconds` ends after a random time between this and twice
+    /// this (as the apiserver's flag of the same name).
+    #[arg(long, env = "KPULSE_MIN_REQUEST_TIMEOUT", default_value = "1800", value_parser = parse_seconds)]
+    pub min_request_timeout: std::time::Duration,
+    /// A JSON Lines file of node and pod metadata and node batches, followed as it grows:
+    /// the loader for tests and offline use (see the `feed` module). Agents' streams
+    /// replace it in a cluster.
+    #[arg(long, env = "KPULSE_FEED_FILE")]
+    pub feed_file: Option<PathBuf>,
+}
+
+/// Whole seconds, at least 1 (the apiserver's `--min-request-timeout` is an int).
+fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if n > 0 => Ok(std::time::Duration::from_secs(n)),
+        _ => Err(format!("{s:?}: expected a positive number of seconds")),
+    }
 }
 
 fn duration(s: &str) -> Result<std::time::Duration, String> {
@@ -166,7 +179,6 @@ impl Config {
                 &self.requestheader_client_ca_file,
             ),
             ("--client-ca-file", &self.client_ca_file),
-            ("--metadata-file", &self.metadata_file),
             ("--kubeconfig", &self.kubeconfig),
         ] {
             if let Some(p) = path {

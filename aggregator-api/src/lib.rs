@@ -1,14 +1,16 @@
 //! kpulse's aggregator-api: the `metrics.k8s.io` extension API server behind the
 //! Kubernetes API aggregation layer.
 //!
-//! Work in progress: serving (TLS, limits, health) is here; the store, the API objects
-//! and the aggregation layer's authentication and authorization arrive next. It does not
-//! collect anything itself: agents push to it.
+//! It does not collect anything itself: agents push node batches to it (a later milestone);
+//! until then the [`feed`] file loads the store. The data flow, one module per arrow:
+//! [`feed`] → [`store`] (+ [`metadata`]) → [`api`] (objects, selectors, encodings, watches)
+//! → [`app`] (authentication, authorization, health) → [`serve`] (HTTPS).
 
 pub mod api;
 pub mod app;
 pub mod auth;
 pub mod config;
+pub mod feed;
 pub mod health;
 pub mod metadata;
 pub mod quantity;

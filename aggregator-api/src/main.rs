@@ -83,8 +83,13 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         .context("store configuration")?,
     );
     let metadata = kpulse_aggregator_api::metadata::StaticMetadata::new();
-    if let Some(path) = &cfg.metadata_file {
-        metadata.load_file(path)?;
+    if let Some(path) = &cfg.feed_file {
+        tracing::info!(path = %path.display(), "following the feed file");
+        tokio::spawn(kpulse_aggregator_api::feed::follow(
+            path.clone(),
+            store.clone(),
+            metadata.clone(),
+        ));
     }
     let ready_store = store.clone();
     let storage_ready = health::FnCheck::arc("metric-storage-ready", move || {
@@ -94,6 +99,11 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             Err("no metrics to serve".into())
         }
     });
+    let watches =
+        kpulse_aggregator_api::api::watch::Hub::new(kpulse_aggregator_api::api::watch::Settings {
+            min_request_timeout: cfg.min_request_timeout,
+            ..Default::default()
+        });
     let app = Arc::new(App {
         health: HealthChecks {
             healthz: vec![health::ping()],
@@ -110,6 +120,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
                     ..Default::default()
                 },
             )),
+            watch: watches.clone(),
         },
     });
     serve::serve(
@@ -117,7 +128,11 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         Arc::new(server_config),
         app,
         serve::Limits::default(),
-        shutdown,
+        async move {
+            shutdown.await;
+            // Watches never end by themselves: end them so that the drain can finish.
+            watches.shutdown();
+        },
     )
     .await;
     tracing::info!("stopped");

@@ -1,9 +1,9 @@
 //! Node and pod metadata (names, labels) that API objects carry and selectors match on.
 //! metrics-server takes it from informers; here it comes through [`MetadataSource`],
-//! filled today by [`StaticMetadata`] (a JSON file or a test feed) and later from the
+//! filled today by [`StaticMetadata`] (from the `feed` file or a test) and later from the
 //! agents' stream and a Kubernetes watch.
 
-use std::{collections::BTreeMap, path::Path, sync::Arc};
+use std::{collections::BTreeMap, sync::Arc};
 
 use arc_swap::ArcSwap;
 use serde::Deserialize;
@@ -55,28 +55,6 @@ pub struct MetadataDocument {
     pub pods: Vec<PodMeta>,
 }
 
-/// Errors loading metadata.
-#[derive(Debug, thiserror::Error)]
-pub enum MetadataError {
-    /// The file could not be read.
-    #[error("cannot read {path}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is not a valid document.
-    #[error("{path}: {reason}")]
-    Parse {
-        /// The file.
-        path: String,
-        /// What is wrong.
-        reason: String,
-    },
-}
-
 #[derive(Debug, Default)]
 struct Snapshot {
     nodes: BTreeMap<String, NodeMeta>,
@@ -105,35 +83,6 @@ impl StaticMetadata {
             s.pods.insert((p.namespace.clone(), p.name.clone()), p);
         }
         self.current.store(Arc::new(s));
-    }
-
-    /// Loads a JSON document from a file (bounded to 64 MiB).
-    pub fn load_file(&self, path: &Path) -> Result<(), MetadataError> {
-        const MAX: u64 = 64 << 20;
-        let shown = path.display().to_string();
-        let len = std::fs::metadata(path)
-            .map_err(|source| MetadataError::Read {
-                path: shown.clone(),
-                source,
-            })?
-            .len();
-        if len > MAX {
-            return Err(MetadataError::Parse {
-                path: shown,
-                reason: format!("{len} bytes is over the {MAX}-byte limit"),
-            });
-        }
-        let text = std::fs::read(path).map_err(|source| MetadataError::Read {
-            path: shown.clone(),
-            source,
-        })?;
-        let doc: MetadataDocument =
-            serde_json::from_slice(&text).map_err(|e| MetadataError::Parse {
-                path: shown,
-                reason: e.to_string(),
-            })?;
-        self.replace(doc);
-        Ok(())
     }
 }
 
@@ -206,22 +155,5 @@ mod tests {
         let ns1: Vec<String> = m.pods(Some("ns1")).into_iter().map(|p| p.name).collect();
         assert_eq!(ns1, ["a", "z"], "ns10 is another namespace");
         assert_eq!(m.pod("ns1", "a").expect("pod").labels["app"], "web");
-    }
-
-    #[test]
-    fn bad_files_are_clear_errors() {
-        let m = StaticMetadata::new();
-        assert!(matches!(
-            m.load_file(Path::new("/nonexistent.json")),
-            Err(MetadataError::Read { .. })
-        ));
-        let f = std::env::temp_dir().join(format!("kpulse-meta-{}.json", std::process::id()));
-        std::fs::write(&f, r#"{"nodes":[{"nom":"x"}]}"#).expect("write");
-        let e = m.load_file(&f).expect_err("bad doc");
-        assert!(
-            e.to_string().contains("unknown field") || e.to_string().contains("missing field"),
-            "{e}"
-        );
-        std::fs::remove_file(&f).expect("cleanup");
     }
 }

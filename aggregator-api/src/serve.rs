@@ -7,7 +7,7 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
@@ -61,6 +61,14 @@ pub struct Peer {
     pub client_certs: Option<Arc<Vec<CertificateDer<'static>>>>,
 }
 
+/// A response body: whole (most answers) or streamed (watches).
+pub type Body = BoxBody<Bytes, std::convert::Infallible>;
+
+/// A whole response body.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).boxed()
+}
+
 /// Answers requests. The body has already been read (bounded).
 pub trait Handler: Send + Sync + 'static {
     /// One request.
@@ -68,12 +76,12 @@ pub trait Handler: Send + Sync + 'static {
         &self,
         req: Request<Bytes>,
         peer: &Peer,
-    ) -> impl std::future::Future<Output = Response<Full<Bytes>>> + Send;
+    ) -> impl std::future::Future<Output = Response<Body>> + Send;
 }
 
 /// A plain-text response.
-pub fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body.into()));
+pub fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(full(body));
     *r.status_mut() = status;
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -208,7 +216,7 @@ mod tests {
     struct EchoCn;
 
     impl Handler for EchoCn {
-        async fn handle(&self, _req: Request<Bytes>, peer: &Peer) -> Response<Full<Bytes>> {
+        async fn handle(&self, _req: Request<Bytes>, peer: &Peer) -> Response<Body> {
             let cn = peer
                 .client_certs
                 .as_ref()

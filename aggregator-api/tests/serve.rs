@@ -336,6 +336,294 @@ fn health_endpoints_answer_every_kubectl() {
     }
 }
 
+/// Writes the feed file the server follows: metadata once, then a batch every 200 ms for
+/// node `node-a` with pods `demo/web` (two containers at 300m and 200m of CPU) and
+/// `demo/cache` (idle, 200 MiB), counters advancing exactly at those rates.
+struct Feeder {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Feeder {
+    fn start(path: PathBuf) -> Feeder {
+        use std::io::Write;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut f = std::fs::File::create(&path).expect("feed file");
+            let meta = serde_json::json!({"metadata": {
+            "nodes": [{"name": "node-a", "labels": {"zone": "z1"}}],
+            "pods": [
+                {"namespace": "demo", "name": "web", "labels": {"app": "web"}},
+                {"namespace": "demo", "name": "cache", "labels": {"app": "cache"}},
+            ]}});
+            writeln!(f, "{meta}").expect("write");
+            let start = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_nanos() as u64;
+            let boot = start - 3_600_000_000_000;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .expect("clock")
+                    .as_nanos() as u64;
+                let t = now - start;
+                let container = |name: &str, cpu: u64, mem: u64| {
+                    serde_json::json!({"name": name, "timestamp": now, "cpu": cpu,
+                        "memory_working_set": mem, "started_at": start - 1_000_000_000})
+                };
+                let batch = serde_json::json!({"batch": {
+                "node_name": "node-a", "sent_at": now,
+                "node": {"timestamp": now, "started_at": boot, "cpu": (now - boot) / 4,
+                    "memory_working_set": 3u64 << 30},
+                "pods": [
+                    {"uid": "u-web", "namespace": "demo", "name": "web", "containers": [
+                        container("app", t * 3 / 10, 64 << 20),
+                        container("sidecar", t * 2 / 10, 16 << 20)]},
+                    {"uid": "u-cache", "namespace": "demo", "name": "cache", "containers": [
+                        container("redis", 0, 200 << 20)]},
+                ]}});
+                writeln!(f, "{batch}").expect("write");
+                f.flush().expect("flush");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        Feeder {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Feeder {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Millicores in a `kubectl top` cell such as `500m`.
+fn millicores(cell: &str) -> u64 {
+    cell.strip_suffix('m')
+        .and_then(|n| n.parse().ok())
+        .or_else(|| cell.parse::<u64>().ok().map(|c| c * 1000))
+        .unwrap_or_else(|| panic!("not a CPU cell: {cell}"))
+}
+
+#[test]
+fn fed_metrics_reach_every_kubectl_as_top_tables_objects_and_watches() {
+    let bins = kubectls();
+    assert!(!bins.is_empty(), "no kubectl installed");
+    let dir = std::env::temp_dir().join(format!("kpulse-feed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let feed = dir.join("feed.jsonl");
+    let feeder = Feeder::start(feed.clone());
+    let mut s = start(
+        "feed",
+        &[
+            "--authentication-skip-lookup",
+            "--feed-file",
+            feed.to_str().expect("utf8"),
+        ],
+    );
+    let newest = bins.last().expect("a kubectl");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (ok, _, _) = kubectl(newest, &s.dir, s.port, &["get", "--raw", "/readyz"]);
+        if ok {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not ready within 10 s of data");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for bin in &bins {
+        let v = bin.display();
+        // kubectl top asks for protobuf first.
+        let (ok, out, err) = kubectl(
+            bin,
+            &s.dir,
+            s.port,
+            &["top", "pod", "-n", "demo", "--containers"],
+        );
+        assert!(ok, "{v}: {err}");
+        let rows: Vec<Vec<&str>> = out
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        let cell = |pod: &str, c: &str| {
+            rows.iter()
+                .find(|r| r[0] == pod && r[1] == c)
+                .map(|r| (millicores(r[2]), r[3].to_owned()))
+                .unwrap_or_else(|| panic!("{v}: no row {pod}/{c} in\n{out}"))
+        };
+        let (app, app_mem) = cell("web", "app");
+        let (sidecar, _) = cell("web", "sidecar");
+        let (redis, redis_mem) = cell("cache", "redis");
+        // Counters advance exactly at these rates; the only error is rounding to millicores.
+        assert!((299..=301).contains(&app), "{v}: app {app}m\n{out}");
+        assert!(
+            (199..=201).contains(&sidecar),
+            "{v}: sidecar {sidecar}m\n{out}"
+        );
+        assert_eq!(
+            (redis, app_mem.as_str(), redis_mem.as_str()),
+            (0, "64Mi", "200Mi"),
+            "{v}\n{out}"
+        );
+
+        // (`kubectl top node` also lists core/v1 Nodes, which only a kube-apiserver serves.)
+        let (ok, out, err) = kubectl(
+            bin,
+            &s.dir,
+            s.port,
+            &["get", "nodemetrics", "-l", "zone=z1"],
+        );
+        assert!(ok && out.contains("node-a"), "{v}: {out} {err}");
+
+        // Table through kubectl get, with label selectors, in both API versions.
+        for resource in [
+            "podmetrics.v1beta1.metrics.k8s.io",
+            "podmetrics.v1.metrics.k8s.io",
+        ] {
+            let (ok, out, err) = kubectl(
+                bin,
+                &s.dir,
+                s.port,
+                &["get", resource, "-A", "-l", "app=web"],
+            );
+            assert!(ok, "{v} {resource}: {err}");
+            assert!(
+                out.contains("web") && !out.contains("cache"),
+                "{v} {resource}: {out}"
+            );
+        }
+        let (ok, out, err) = kubectl(
+            bin,
+            &s.dir,
+            s.port,
+            &[
+                "get",
+                "--raw",
+                "/apis/metrics.k8s.io/v1/namespaces/demo/pods/cache",
+            ],
+        );
+        assert!(ok, "{v}: {err}");
+        let o: serde_json::Value = serde_json::from_str(&out).expect("PodMetrics JSON");
+        assert_eq!(o["kind"], "PodMetrics");
+        assert_eq!(o["metadata"]["labels"]["app"], "cache");
+        assert_eq!(o["containers"][0]["usage"]["memory"], "200Mi");
+    }
+
+    // A raw watch: events as JSON lines until the server's timeout ends the stream.
+    let (ok, out, err) = kubectl(
+        newest,
+        &s.dir,
+        s.port,
+        &[
+            "get",
+            "--raw",
+            "/apis/metrics.k8s.io/v1beta1/namespaces/demo/pods?watch=1&timeoutSeconds=3",
+        ],
+    );
+    assert!(ok, "{err}");
+    let events: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let of = |kind: &str, name: &str| {
+        events
+            .iter()
+            .filter(|e| e["type"] == kind && e["object"]["metadata"]["name"] == name)
+            .count()
+    };
+    assert_eq!((of("ADDED", "cache"), of("ADDED", "web")), (1, 1), "{out}");
+    assert!(of("MODIFIED", "web") >= 1, "web changes every batch: {out}");
+
+    // kubectl get -w on every version: a Table stream, header once, a row per change.
+    for bin in &bins {
+        let kc = kubeconfig(&s.dir, s.port);
+        let mut child = Command::new(bin)
+            .env("KUBECONFIG", kc)
+            .env("HOME", "/nonexistent")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .args([
+                "get",
+                "podmetrics",
+                "-n",
+                "demo",
+                "web",
+                "-w",
+                "--output-watch-events",
+            ])
+            .spawn()
+            .expect("kubectl -w");
+        std::thread::sleep(Duration::from_millis(3500));
+        let _ = child.kill();
+        let out = child.wait_with_output().expect("output");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines
+                .first()
+                .is_some_and(|h| h.starts_with("EVENT") && h.contains("CPU")),
+            "{}: {text} {}",
+            bin.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            text.matches("EVENT").count(),
+            1,
+            "{}: one header\n{text}",
+            bin.display()
+        );
+        let modified = lines
+            .iter()
+            .filter(|l| l.starts_with("MODIFIED") && l.contains("web"))
+            .count();
+        assert!(modified >= 1, "{}: rows per change\n{text}", bin.display());
+    }
+
+    // SIGTERM with a watch open: the watch ends and the server exits promptly.
+    let kc = kubeconfig(&s.dir, s.port);
+    let mut watcher = Command::new(newest)
+        .env("KUBECONFIG", kc)
+        .env("HOME", "/nonexistent")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .args(["get", "--raw", "/apis/metrics.k8s.io/v1beta1/nodes?watch=1"])
+        .spawn()
+        .expect("watch");
+    std::thread::sleep(Duration::from_millis(1000));
+    // SAFETY: kill(2) on the child this test started.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc_kill(s.child.id() as i32, 15) };
+    assert_eq!(rc, 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(status) = s.child.try_wait().expect("wait") {
+            assert!(status.success(), "exit after SIGTERM: {status}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "an open watch held the server past 5 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+    drop(feeder);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A TLS client that records what the server presented and which protocol it chose.
 fn handshake(port: u16) -> (Vec<u8>, Option<Vec<u8>>) {
     use std::sync::Arc;

@@ -10,3 +10,4 @@ pub mod request;
 pub mod selector;
 pub mod table;
 pub mod types;
+pub mod watch;

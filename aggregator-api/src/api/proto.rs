@@ -86,6 +86,12 @@ pub enum Error {
         /// The kind in the envelope.
         kind: String,
     },
+    /// A watch event too long for its 4-byte length prefix.
+    #[error("a watch event of {len} bytes does not fit a 4-byte length")]
+    TooLong {
+        /// Its length.
+        len: usize,
+    },
 }
 
 /// Result with this module's [`Error`].
@@ -731,6 +737,47 @@ impl Message for NodeMetrics {
     fn clear(&mut self) {
         *self = Self::default();
     }
+}
+
+/// `metav1.WatchEvent`: one event of a watch stream, written without an envelope (the
+/// stream serializer is the raw one), each behind a 4-byte big-endian length.
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct WatchEvent {
+    /// `type = 1`: `ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK` or `ERROR`.
+    #[prost(string, required, tag = "1")]
+    pub type_: String,
+    /// `object = 2`: the object, enveloped.
+    #[prost(message, required, tag = "2")]
+    pub object: RawExtension,
+}
+
+/// `runtime.RawExtension`: already serialized bytes.
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct RawExtension {
+    /// `raw = 1`.
+    #[prost(bytes = "vec", required, tag = "1")]
+    pub raw: Vec<u8>,
+}
+
+/// A watch event framed as the protobuf stream writes it: length (4 bytes, big-endian),
+/// then the [`WatchEvent`] message.
+///
+/// # Errors
+///
+/// When the event is longer than a 4-byte length can say.
+pub fn watch_frame(event_type: &str, enveloped_object: Vec<u8>) -> Result<Vec<u8>> {
+    let event = WatchEvent {
+        type_: event_type.to_owned(),
+        object: RawExtension {
+            raw: enveloped_object,
+        },
+    };
+    let len = event.encoded_len();
+    let prefix = u32::try_from(len).map_err(|_| Error::TooLong { len })?;
+    let mut out = Vec::with_capacity(4 + len);
+    out.extend_from_slice(&prefix.to_be_bytes());
+    event.encode_raw(&mut out);
+    Ok(out)
 }
 
 /// `NodeMetricsList`.

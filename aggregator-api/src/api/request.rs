@@ -58,7 +58,7 @@ use crate::api::selector::{
     LabelSelector,
 };
 use crate::api::table::{IncludeObject, TableOptions, TableVersion};
-use crate::api::types::{encode_json, go_quote, MetricsVersion, RequestAttributes, Status, GROUP};
+use crate::api::types::{encode_json, go_quote, MetricsVersion, RequestAttributes, Status};
 
 /// Longest raw query string accepted, in bytes (kpulse's bound; the apiserver has none).
 pub const MAX_QUERY_BYTES: usize = 16 * 1024;
@@ -68,6 +68,12 @@ pub const MEDIA_TYPES: [&str; 3] = [
     "application/json",
     "application/yaml",
     "application/vnd.kubernetes.protobuf",
+];
+
+/// The media types a watch is served in (`MediaTypesForSerializer`'s stream types).
+pub const STREAM_MEDIA_TYPES: [&str; 2] = [
+    "application/json;stream=watch",
+    "application/vnd.kubernetes.protobuf;stream=watch",
 ];
 
 /// What this module reads from an HTTP request.
@@ -139,8 +145,8 @@ pub enum Verb {
     Get,
     /// A collection.
     List,
-    /// A watch on a collection. [`parse`] answers these with 405, as metrics-server does; the
-    /// variant exists for [`RequestInfo`]-level callers.
+    /// A watch on a collection (`?watch=true`): a stream of changes (`watch.rs`).
+    /// metrics-server answers these with 405.
     Watch,
 }
 
@@ -183,7 +189,8 @@ pub enum Target {
     Object,
     /// A `meta.k8s.io` Table (never protobuf).
     Table(TableVersion),
-    /// `PartialObjectMetadata` of that `meta.k8s.io` version (only valid for a get).
+    /// `PartialObjectMetadata` of that `meta.k8s.io` version (only valid for a get or a
+    /// watch).
     PartialObjectMetadata(TableVersion),
     /// `PartialObjectMetadataList` of that `meta.k8s.io` version (only valid for a list).
     PartialObjectMetadataList(TableVersion),
@@ -267,11 +274,12 @@ impl ApiRequest {
             status,
             encoding: self.error_encoding,
         };
+        // A watch transforms each event's object, not a list.
         let internal = match (self.resource, self.verb) {
-            (Resource::Nodes, Verb::Get) => "*metrics.NodeMetrics",
-            (Resource::Nodes, _) => "*metrics.NodeMetricsList",
-            (Resource::Pods, Verb::Get) => "*metrics.PodMetrics",
-            (Resource::Pods, _) => "*metrics.PodMetricsList",
+            (Resource::Nodes, Verb::Get | Verb::Watch) => "*metrics.NodeMetrics",
+            (Resource::Nodes, Verb::List) => "*metrics.NodeMetricsList",
+            (Resource::Pods, Verb::Get | Verb::Watch) => "*metrics.PodMetrics",
+            (Resource::Pods, Verb::List) => "*metrics.PodMetricsList",
         };
         match self.format.target {
             Target::Object => Ok(None),
@@ -284,12 +292,12 @@ impl ApiRequest {
                     metrics_version: self.version,
                 }))
             }
-            Target::PartialObjectMetadata(_) if self.verb != Verb::Get => Err(fail(
+            Target::PartialObjectMetadata(_) if self.verb == Verb::List => Err(fail(
                 Status::not_acceptable(format!(
                     "you requested PartialObjectMetadata, but the requested object is a list ({internal})"
                 )),
             )),
-            Target::PartialObjectMetadataList(_) if self.verb == Verb::Get => Err(fail(
+            Target::PartialObjectMetadataList(_) if self.verb != Verb::List => Err(fail(
                 Status::not_acceptable(format!(
                     "you requested PartialObjectMetadataList, but the requested object is not a list ({internal})"
                 )),
@@ -900,11 +908,14 @@ pub fn parse(parts: &RequestParts<'_>) -> Result<ApiRequest, Rejection> {
             .check_fields()
             .map_err(|e| fail(Status::bad_request(e.message)))?;
         if options.watch {
-            return Err(fail(Status::method_not_supported(
-                GROUP,
-                resource.as_str(),
-                "watch",
-            )));
+            // `NegotiateOutputMediaTypeStream`: YAML has no stream serializer.
+            if request.format.encoding == Encoding::Yaml {
+                return Err(fail(Status::not_acceptable(format!(
+                    "only the following media types are accepted: {}",
+                    STREAM_MEDIA_TYPES.join(", ")
+                ))));
+            }
+            request.verb = Verb::Watch;
         }
         options.include_object = include_object;
         request.options = options;
@@ -2255,8 +2266,6 @@ mod tests {
         let value_re = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
         // (query on /nodes, code, reason, message)
         let cases: Vec<(&str, u16, &str, String)> = vec![
-            ("watch=true", 405, "MethodNotAllowed", "watch is not supported on resources of kind \"nodes.metrics.k8s.io\"".into()),
-            ("watch=1&labelSelector=a%3Db", 405, "MethodNotAllowed", "watch is not supported on resources of kind \"nodes.metrics.k8s.io\"".into()),
             ("timeoutSeconds=x&labelSelector=-", 400, "BadRequest", "strconv.ParseInt: parsing \"x\": invalid syntax".into()),
             ("limit=abc", 400, "BadRequest", "strconv.ParseInt: parsing \"abc\": invalid syntax".into()),
             ("limit=", 400, "BadRequest", "strconv.ParseInt: parsing \"\": invalid syntax".into()),
@@ -2271,7 +2280,6 @@ mod tests {
             ("sendInitialEvents=true", 422, "Invalid", "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list".into()),
             ("watch=true&sendInitialEvents=false", 422, "Invalid", "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan".into()),
             ("watch=true&resourceVersion=5&resourceVersionMatch=Exact", 422, "Invalid", "ListOptions.meta.k8s.io \"\" is invalid: [resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided, resourceVersionMatch: Unsupported value: \"Exact\": supported values: \"NotOlderThan\"]".into()),
-            ("watch=true&resourceVersion=5", 405, "MethodNotAllowed", "watch is not supported on resources of kind \"nodes.metrics.k8s.io\"".into()),
         ];
         for (query, code, reason, message) in cases {
             let (c, r, m) = status(get(&format!("{V1B1}/nodes?{query}")));
@@ -2281,12 +2289,21 @@ mod tests {
                 "{query}"
             );
         }
-        let (c, _, m) = status(get(&format!("{V1B1}/namespaces/a/pods?watch=1")));
+        for target in [
+            format!("{V1B1}/namespaces/a/pods?watch=1"),
+            format!("{V1B1}/nodes?watch=true&labelSelector=a%3Db"),
+            format!("{V1B1}/nodes?watch=true&resourceVersion=5"),
+        ] {
+            assert_eq!(ok(&target).verb, Verb::Watch, "{target}");
+        }
+        let target = format!("{V1B1}/nodes?watch=1");
+        let (c, r, m) = status(parse(&parts("GET", &target, Some("application/yaml"))));
         assert_eq!(
-            (c, m.as_str()),
+            (c, r.as_str(), m.as_str()),
             (
-                405,
-                "watch is not supported on resources of kind \"pods.metrics.k8s.io\""
+                406,
+                "NotAcceptable",
+                "only the following media types are accepted: application/json;stream=watch, application/vnd.kubernetes.protobuf;stream=watch"
             )
         );
         let (c, _, m) = status(get(&format!("{V1B1}/nodes/n1?export=true")));

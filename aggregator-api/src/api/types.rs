@@ -957,6 +957,20 @@ impl Status {
         )
     }
 
+    /// `errors.NewTooManyRequests(message, retryAfterSeconds)`: 429, reason
+    /// `TooManyRequests`, the retry delay in the details.
+    pub fn too_many_requests(message: impl Into<String>, retry_after_seconds: i32) -> Self {
+        Self::failure(
+            429,
+            "TooManyRequests",
+            message.into(),
+            Some(meta::StatusDetails {
+                retry_after_seconds: Some(retry_after_seconds),
+                ..meta::StatusDetails::default()
+            }),
+        )
+    }
+
     /// The apiserver's `errNotAcceptable` (e.g. a Table asked for in another group version):
     /// 406, reason `NotAcceptable`.
     pub fn not_acceptable(message: impl Into<String>) -> Self {

@@ -12,6 +12,7 @@ pub mod config;
 pub mod health;
 pub mod metadata;
 pub mod quantity;
+pub mod selfmetrics;
 pub mod serve;
 pub mod store;
 pub mod tls;

@@ -1,8 +1,10 @@
 //! The request router and the security gate. Health endpoints answer unauthenticated
 //! probes; every other request is authenticated (the chain of `auth::chain`), authorized
-//! (a SubjectAccessReview), stripped of credentials, and only then handed to the API.
+//! (a SubjectAccessReview), stripped of credentials, and only then handed to the API, or
+//! to `/metrics` (the server's own metrics, [`crate::selfmetrics`]). Every request is
+//! counted and timed in one place, [`App`]'s [`Handler::handle`].
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Instant};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -17,6 +19,7 @@ use crate::{
         delegated::{internal_error_body, Attributes, Authorizer, Decision},
     },
     health::{self, Check},
+    selfmetrics::{RequestKind, SelfMetrics},
     serve::{full, text, Body, Handler, Peer},
 };
 
@@ -59,6 +62,9 @@ pub struct App<R: Router> {
     pub security: Security,
     /// The API.
     pub router: R,
+    /// The server's own metrics: every request is recorded there, and `/metrics` serves
+    /// them (after authentication and authorization). `None`: neither.
+    pub metrics: Option<Arc<SelfMetrics>>,
 }
 
 fn status_response(s: &Status) -> Response<Body> {
@@ -113,8 +119,56 @@ fn health_answer(
     None
 }
 
+/// `/metrics` in the Prometheus text format, for GET and HEAD.
+fn metrics_answer(metrics: &SelfMetrics, method: &http::Method) -> Response<Body> {
+    if method != http::Method::GET && method != http::Method::HEAD {
+        let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+        r.headers_mut().insert(
+            http::header::ALLOW,
+            http::HeaderValue::from_static("GET, HEAD"),
+        );
+        return r;
+    }
+    match metrics.encode() {
+        Ok(body) => {
+            let mut r = text(StatusCode::OK, body);
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static(crate::selfmetrics::CONTENT_TYPE),
+            );
+            r
+        }
+        Err(e) => {
+            tracing::warn!(error = %crate::error_chain(&e), "cannot serve /metrics");
+            text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "cannot encode the metrics\n",
+            )
+        }
+    }
+}
+
 impl<R: Router> Handler for App<R> {
-    async fn handle(&self, mut req: Request<Bytes>, peer: &Peer) -> Response<Body> {
+    async fn handle(&self, req: Request<Bytes>, peer: &Peer) -> Response<Body> {
+        let started = Instant::now();
+        let mut kind = RequestKind::new(req.method(), req.uri().path());
+        let response = self.answer(req, peer, &mut kind).await;
+        if let Some(m) = &self.metrics {
+            m.record(&kind, response.status(), started.elapsed());
+        }
+        response
+    }
+}
+
+impl<R: Router> App<R> {
+    /// Answers one request; `kind` learns what preflight found, for [`Handler::handle`] to
+    /// record.
+    async fn answer(
+        &self,
+        mut req: Request<Bytes>,
+        peer: &Peer,
+        kind: &mut RequestKind,
+    ) -> Response<Body> {
         let path = req.uri().path().to_string();
         let query = req.uri().query().unwrap_or("").to_string();
         if let Some(r) = health_answer(&self.health, req.method(), &path, &query) {
@@ -124,7 +178,10 @@ impl<R: Router> Handler for App<R> {
         let info = {
             let parts = RequestParts::from_http(&req);
             match preflight(&parts) {
-                Ok(p) => p.info,
+                Ok(p) => {
+                    kind.refine(&p.info);
+                    p.info
+                }
                 Err(Rejection::Error(e)) => return status_response(&e.status),
                 Err(Rejection::Plain { code, body }) => {
                     return text(
@@ -165,6 +222,9 @@ impl<R: Router> Handler for App<R> {
                     internal_error_body(&uri, &message),
                 );
             }
+        }
+        if let Some(m) = self.metrics.as_deref().filter(|_| path == "/metrics") {
+            return metrics_answer(m, req.method());
         }
         self.router
             .route(&req)

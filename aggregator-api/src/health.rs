@@ -1,8 +1,117 @@
 //! `/healthz`, `/livez`, `/readyz` with named checks and `?verbose` / `?exclude=` output
 //! in the format of k8s.io/apiserver's healthz package, so probes and humans read them
 //! the same way as metrics-server's.
+//!
+//! # Liveness: `metric-collection-timely`
+//!
+//! metrics-server's check of that name fails when its last scrape of the kubelets is older
+//! than 1.5 × the resolution. This server does not scrape: agents push. Failing livez when
+//! agents are absent would make the kubelet restart a healthy server for something a
+//! restart cannot fix (a node down, a network partition, agents not deployed yet), in a
+//! loop. So livez asks whether the *server* still makes progress: the store's maintenance
+//! loop (`main.rs`: [`Store::housekeep`](crate::store::Store::housekeep), which expires
+//! nodes whose agents stopped) beats a [`Heartbeat`] after every pass, at the interval of
+//! [`maintenance_schedule`], and the check fails when the last pass is older than the
+//! bound it returns (3 intervals, at least [`MIN_LIVENESS_BOUND`]), with a reason such as
+//! "the store's maintenance loop last ran 93s ago (limit 15s)". That happens when the
+//! runtime is starved or wedged, or the loop died. Absent agents show in readyz
+//! (`metric-storage-ready`) and in the store gauges of `/metrics` instead.
 
-use std::sync::Arc;
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+/// The name of the liveness check on the store's maintenance loop.
+pub const METRIC_COLLECTION_TIMELY: &str = "metric-collection-timely";
+/// The longest time between two maintenance passes.
+pub const MAX_MAINTENANCE_INTERVAL: Duration = Duration::from_secs(5);
+/// The shortest time between two maintenance passes (for a tiny `--metric-expiry`).
+pub const MIN_MAINTENANCE_INTERVAL: Duration = Duration::from_millis(100);
+/// The shortest staleness of the maintenance heartbeat that fails livez.
+pub const MIN_LIVENESS_BOUND: Duration = Duration::from_secs(10);
+
+/// How often the store's maintenance runs for `metric_expiry` — half of it, within
+/// [`MIN_MAINTENANCE_INTERVAL`]..=[`MAX_MAINTENANCE_INTERVAL`], so an expired node is dropped
+/// at most 1.5 expiry periods after its last batch — and how old its last pass may be before
+/// livez fails: three intervals, at least [`MIN_LIVENESS_BOUND`].
+pub fn maintenance_schedule(metric_expiry: Duration) -> (Duration, Duration) {
+    let interval = (metric_expiry / 2).clamp(MIN_MAINTENANCE_INTERVAL, MAX_MAINTENANCE_INTERVAL);
+    (interval, (interval * 3).max(MIN_LIVENESS_BOUND))
+}
+
+/// A check that passes while a periodic task keeps reporting progress ([`Heartbeat::beat`])
+/// and fails once its last beat is older than a bound. Time is monotonic ([`Instant`]):
+/// wall-clock steps neither fail nor pass it.
+#[derive(Debug)]
+pub struct Heartbeat {
+    name: String,
+    what: String,
+    max_age: Duration,
+    /// What `last` counts from.
+    base: Instant,
+    /// Nanoseconds from `base` to the latest beat.
+    last: AtomicU64,
+}
+
+impl Heartbeat {
+    /// A check named `name` on the task `what` (for the failure reason), failing when the
+    /// last beat is more than `max_age` old. Creation counts as a beat.
+    pub fn new(name: &str, what: &str, max_age: Duration) -> Heartbeat {
+        Heartbeat::started_at(name, what, max_age, Instant::now())
+    }
+
+    /// [`Heartbeat::new`] with creation at `now` (for tests).
+    pub fn started_at(name: &str, what: &str, max_age: Duration, now: Instant) -> Heartbeat {
+        Heartbeat {
+            name: name.to_string(),
+            what: what.to_string(),
+            max_age,
+            base: now,
+            last: AtomicU64::new(0),
+        }
+    }
+
+    /// Records progress now.
+    pub fn beat(&self) {
+        self.beat_at(Instant::now());
+    }
+
+    /// Records progress at `at`; an earlier beat than the latest one changes nothing.
+    pub fn beat_at(&self, at: Instant) {
+        let nanos =
+            u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX);
+        self.last.fetch_max(nanos, Ordering::Relaxed);
+    }
+
+    /// The check's answer at `now`.
+    pub fn check_at(&self, now: Instant) -> Result<(), String> {
+        let last = self.base + Duration::from_nanos(self.last.load(Ordering::Relaxed));
+        let age = now.saturating_duration_since(last);
+        if age <= self.max_age {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} last ran {}s ago (limit {:?})",
+                self.what,
+                age.as_secs(),
+                self.max_age
+            ))
+        }
+    }
+}
+
+impl Check for Heartbeat {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn check(&self) -> Result<(), String> {
+        self.check_at(Instant::now())
+    }
+}
 
 /// One named check.
 pub trait Check: Send + Sync {
@@ -168,6 +277,70 @@ mod tests {
             "[+]ping ok\n[-]metric-storage-ready failed: reason withheld\nreadyz check failed\n"
         );
         assert!(!a.body.contains("no metrics"));
+    }
+
+    #[test]
+    fn maintenance_runs_every_half_expiry_within_bounds() {
+        let s = Duration::from_secs;
+        assert_eq!(maintenance_schedule(s(10)), (s(5), s(15)));
+        assert_eq!(maintenance_schedule(s(4)), (s(2), s(10)));
+        assert_eq!(maintenance_schedule(s(600)), (s(5), s(15)));
+        assert_eq!(
+            maintenance_schedule(Duration::from_millis(1)),
+            (Duration::from_millis(100), s(10))
+        );
+    }
+
+    #[test]
+    fn heartbeat_fails_once_the_last_beat_is_too_old() {
+        let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        let hb = Heartbeat::started_at(
+            METRIC_COLLECTION_TIMELY,
+            "the store's maintenance loop",
+            Duration::from_secs(15),
+            t0,
+        );
+        assert_eq!(hb.check_at(t0), Ok(()), "creation counts as a beat");
+        assert_eq!(hb.check_at(at(15)), Ok(()));
+        assert_eq!(
+            hb.check_at(at(16)),
+            Err("the store's maintenance loop last ran 16s ago (limit 15s)".into())
+        );
+        hb.beat_at(at(80));
+        assert_eq!(hb.check_at(at(90)), Ok(()));
+        hb.beat_at(at(20)); // late report of an older pass: ignored
+        assert_eq!(
+            hb.check_at(at(173)),
+            Err("the store's maintenance loop last ran 93s ago (limit 15s)".into())
+        );
+        // As an endpoint check (on the real clock): the verbose listing names it, the
+        // reason stays in the log.
+        let stale = Heartbeat::new(
+            METRIC_COLLECTION_TIMELY,
+            "the loop",
+            Duration::from_millis(1),
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        let checks: Vec<Arc<dyn Check>> = vec![ping(), Arc::new(stale)];
+        let a = evaluate("livez", &checks, None, "verbose");
+        assert_eq!(a.status, 500);
+        assert_eq!(
+            a.body,
+            "[+]ping ok\n[-]metric-collection-timely failed: reason withheld\nlivez check failed\n"
+        );
+        let fresh: Vec<Arc<dyn Check>> = vec![
+            ping(),
+            Arc::new(Heartbeat::new(
+                METRIC_COLLECTION_TIMELY,
+                "the loop",
+                Duration::from_secs(15),
+            )),
+        ];
+        assert_eq!(
+            evaluate("livez", &fresh, None, "verbose").body,
+            "[+]ping ok\n[+]metric-collection-timely ok\nlivez check passed\n"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod feed;
 pub mod health;
 pub mod metadata;
 pub mod quantity;
+pub mod selfmetrics;
 pub mod serve;
 pub mod store;
 pub mod tls;

@@ -1,4 +1,5 @@
-//! `kpulse-aggregator-api`: wiring only. Flags → tracing → TLS → serve → drain.
+//! `kpulse-aggregator-api`: wiring only. Flags → tracing → TLS → store, its maintenance
+//! loop and the server's own metrics → serve → drain.
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
@@ -8,7 +9,9 @@ use kpulse_aggregator_api::{
     app::{App, HealthChecks, Security},
     auth::{self, chain, delegated, x509::CaBundle},
     config::Config,
-    health, serve, tls,
+    health, selfmetrics, serve,
+    store::Store,
+    tls,
 };
 
 /// sysexits' EX_USAGE.
@@ -91,6 +94,14 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             metadata.clone(),
         ));
     }
+    let (every, max_age) = health::maintenance_schedule(cfg.metric_expiry);
+    let heartbeat = Arc::new(health::Heartbeat::new(
+        health::METRIC_COLLECTION_TIMELY,
+        "the store's maintenance loop",
+        max_age,
+    ));
+    tokio::spawn(maintain(store.clone(), heartbeat.clone(), every));
+    let metrics = Arc::new(selfmetrics::SelfMetrics::with_store(&store));
     let ready_store = store.clone();
     let storage_ready = health::FnCheck::arc("metric-storage-ready", move || {
         if ready_store.ready() {
@@ -107,7 +118,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let app = Arc::new(App {
         health: HealthChecks {
             healthz: vec![health::ping()],
-            livez: vec![health::ping()],
+            livez: vec![health::ping(), heartbeat],
             readyz: vec![health::ping(), storage_ready],
         },
         security,
@@ -122,6 +133,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             )),
             watch: watches.clone(),
         },
+        metrics: Some(metrics),
     });
     serve::serve(
         listener,
@@ -137,6 +149,22 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     .await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Housekeeping on a timer, so a node whose agent stopped is dropped even when no batch
+/// arrives to trigger it; every pass beats `heartbeat`, the livez check that this loop (and
+/// so the runtime) still makes progress.
+async fn maintain(store: Arc<Store>, heartbeat: Arc<health::Heartbeat>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let dropped = store.housekeep();
+        heartbeat.beat();
+        if dropped > 0 {
+            tracing::debug!(dropped, "housekeeping dropped expired nodes");
+        }
+    }
 }
 
 /// Authentication and authorization from the flags and the

@@ -63,6 +63,14 @@
 //! [`Store::housekeep`], which ingest also runs by itself once per `metric_expiry`, so
 //! expired data stays in memory for at most two expiry periods.
 //!
+//! # What the server's own metrics read
+//!
+//! [`Store::stats`] counts what is in memory (nodes, pods, containers, fresh or waiting for
+//! housekeeping) and when the newest and oldest node batches arrived, for scrape-time gauges.
+//! [`Store::record_served`] tells an observer installed with [`Store::observe_served`] how
+//! old each served point is by the store's clock (the API layer calls it for the objects it
+//! builds). Neither knows anything of Prometheus.
+//!
 //! # Readiness
 //!
 //! As metrics-server's `storage.Ready`: ready when some node has a servable node rate *and*
@@ -102,7 +110,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
@@ -356,6 +364,43 @@ pub struct IngestSummary {
     pub invalid: usize,
 }
 
+/// What the store holds, from [`Store::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// The store's clock when the numbers were taken.
+    pub taken_at: UnixNanos,
+    /// Nodes in memory (including any whose data expired and awaits housekeeping).
+    pub nodes: usize,
+    /// Pods in memory, summed over nodes (a pod two nodes list counts twice).
+    pub pods: usize,
+    /// Containers in memory, summed over those pods.
+    pub containers: usize,
+    /// When the oldest of the nodes' latest batches was received; `None` without nodes.
+    pub oldest_received: Option<UnixNanos>,
+    /// When the newest batch was received; `None` without nodes.
+    pub newest_received: Option<UnixNanos>,
+}
+
+impl StoreStats {
+    /// Time from the oldest node's latest batch to `taken_at` (zero if it is ahead).
+    pub fn oldest_age(&self) -> Option<Duration> {
+        self.oldest_received.map(|t| age(t, self.taken_at))
+    }
+
+    /// Time from the newest batch to `taken_at` (zero if it is ahead).
+    pub fn newest_age(&self) -> Option<Duration> {
+        self.newest_received.map(|t| age(t, self.taken_at))
+    }
+}
+
+/// `now − t`, zero when `t` is not before `now`.
+fn age(t: UnixNanos, now: UnixNanos) -> Duration {
+    Duration::from_nanos(now.0.saturating_sub(t.0))
+}
+
+/// Told the age of each served point by [`Store::record_served`].
+type ServedObserver = Box<dyn Fn(Duration) + Send + Sync>;
+
 // ---------------------------------------------------------------------------------------
 // Stored state: immutable once published.
 
@@ -436,6 +481,8 @@ struct NodeState {
     received_at: UnixNanos,
     node: Option<Series>,
     pods: HashMap<PodKey, PodState>,
+    /// Containers over all `pods`.
+    containers: usize,
 }
 
 #[derive(Debug)]
@@ -622,6 +669,8 @@ pub struct Store<C = SystemClock> {
     last_sweep: AtomicU64,
     /// Readiness as last seen by [`Store::ready`]: bit 0 nodes, bit 1 pods.
     readiness: AtomicU8,
+    /// See [`Store::observe_served`].
+    served: OnceLock<ServedObserver>,
 }
 
 impl<C> fmt::Debug for Store<C> {
@@ -659,6 +708,7 @@ impl<C: Clock> Store<C> {
             pods: ShardedMap::new(POD_SHARDS),
             last_sweep: AtomicU64::new(now.0),
             readiness: AtomicU8::new(0),
+            served: OnceLock::new(),
         })
     }
 
@@ -819,6 +869,52 @@ impl<C: Clock> Store<C> {
         self.sweep(now)
     }
 
+    /// Counts of what is in memory and the receive times of the newest and oldest node
+    /// batches. Walks the node table (not the pods): cheap enough for every scrape.
+    pub fn stats(&self) -> StoreStats {
+        let mut stats = StoreStats {
+            taken_at: self.clock.now(),
+            ..StoreStats::default()
+        };
+        for shard in self.nodes.shards.iter() {
+            for cell in shard.load().values() {
+                if cell.removed.load(Ordering::Acquire) {
+                    continue;
+                }
+                let state = cell.state.load();
+                if state.node.is_none() {
+                    // Its first batch is being stored right now.
+                    continue;
+                }
+                stats.nodes += 1;
+                stats.pods += state.pods.len();
+                stats.containers += state.containers;
+                let t = state.received_at;
+                stats.oldest_received = Some(stats.oldest_received.map_or(t, |o| o.min(t)));
+                stats.newest_received = Some(stats.newest_received.map_or(t, |n| n.max(t)));
+            }
+        }
+        stats
+    }
+
+    /// Installs `observer`, which [`Store::record_served`] tells the age of each served point.
+    /// Only the first observer is kept: false (and `observer` dropped) if one was installed.
+    pub fn observe_served(&self, observer: impl Fn(Duration) + Send + Sync + 'static) -> bool {
+        self.served.set(Box::new(observer)).is_ok()
+    }
+
+    /// Reports points about to be served, by their timestamps: the observer (if any) is told
+    /// `now − timestamp` for each, by the store's clock (zero for timestamps ahead of it).
+    pub fn record_served(&self, timestamps: impl IntoIterator<Item = UnixNanos>) {
+        let Some(observer) = self.served.get() else {
+            return;
+        };
+        let now = self.clock.now();
+        for t in timestamps {
+            observer(age(t, now));
+        }
+    }
+
     // -- ingest helpers ------------------------------------------------------------------
 
     fn cell_for(&self, name: &str) -> Arc<NodeCell> {
@@ -935,6 +1031,7 @@ impl<C: Clock> Store<C> {
             received_at: now,
             node: Some(node),
             pods,
+            containers: summary.containers,
         };
         (state, summary, added, removed)
     }
@@ -1524,6 +1621,77 @@ mod tests {
         assert_eq!(s.housekeep(), 1);
         assert!(!s.remove_node("n1"), "housekeeping dropped it");
         assert_eq!(s.housekeep(), 0);
+    }
+
+    #[test]
+    fn stats_count_what_is_in_memory_until_housekeeping() {
+        let (s, clock) = store();
+        assert_eq!(
+            s.stats(),
+            StoreStats {
+                taken_at: UnixNanos(T0),
+                ..StoreStats::default()
+            }
+        );
+        assert_eq!(s.stats().newest_age(), None);
+        feed(
+            &s,
+            &clock,
+            "n1",
+            T0,
+            vec![
+                pod("a", vec![c(T0, 0), named("d", T0, 0, 1)]),
+                pod("b", vec![c(T0, 0)]),
+            ],
+        );
+        // One point each: nothing servable yet, but all of it is stored.
+        feed(&s, &clock, "n2", T0 + 3 * S, vec![pod("a", vec![c(T0, 0)])]);
+        clock.set(UnixNanos(T0 + 4 * S));
+        let st = s.stats();
+        assert_eq!(
+            (st.nodes, st.pods, st.containers),
+            (2, 3, 4),
+            "a pod two nodes list counts twice"
+        );
+        assert_eq!(st.oldest_received, Some(UnixNanos(T0)));
+        assert_eq!(st.newest_received, Some(UnixNanos(T0 + 3 * S)));
+        assert_eq!(st.oldest_age(), Some(Duration::from_secs(4)));
+        assert_eq!(st.newest_age(), Some(Duration::from_secs(1)));
+
+        // n1's batch expires; it stays counted (and ages) until housekeeping removes it.
+        clock.set(UnixNanos(T0 + 11 * S));
+        assert_eq!(s.stats().oldest_age(), Some(Duration::from_secs(11)));
+        assert_eq!(s.housekeep(), 1);
+        let st = s.stats();
+        assert_eq!((st.nodes, st.pods, st.containers), (1, 1, 1));
+        assert_eq!(st.oldest_received, Some(UnixNanos(T0 + 3 * S)));
+        assert!(s.remove_node("n2"));
+        assert_eq!(s.stats().nodes, 0);
+        assert_eq!(s.stats().oldest_received, None);
+    }
+
+    #[test]
+    fn served_points_are_reported_with_their_age() {
+        let (s, clock) = store();
+        // Nothing installed: a no-op.
+        s.record_served([UnixNanos(T0)]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        assert!(s.observe_served(move |age| tx.send(age).expect("receiver alive")));
+        assert!(!s.observe_served(|_| {}), "the first observer stays");
+        clock.set(UnixNanos(T0 + 2 * S));
+        s.record_served([
+            UnixNanos(T0),
+            UnixNanos(T0 + 2 * S - 250 * MS),
+            UnixNanos(T0 + 3 * S),
+        ]);
+        assert_eq!(
+            rx.try_iter().collect::<Vec<_>>(),
+            vec![
+                Duration::from_secs(2),
+                Duration::from_millis(250),
+                Duration::ZERO
+            ]
+        );
     }
 
     #[test]

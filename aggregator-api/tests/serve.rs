@@ -5,6 +5,7 @@ use std::{
     net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -624,53 +625,43 @@ fn fed_metrics_reach_every_kubectl_as_top_tables_objects_and_watches() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Accepts any server certificate (the test server's is self-signed).
+#[derive(Debug)]
+struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
+impl rustls::client::danger::ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &rustls::pki_types::CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &rustls::pki_types::CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 /// A TLS client that records what the server presented and which protocol it chose.
 fn handshake(port: u16) -> (Vec<u8>, Option<Vec<u8>>) {
-    use std::sync::Arc;
-
-    #[derive(Debug)]
-    struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
-    impl rustls::client::danger::ServerCertVerifier for AcceptAny {
-        fn verify_server_cert(
-            &self,
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &[rustls::pki_types::CertificateDer<'_>],
-            _: &rustls::pki_types::ServerName<'_>,
-            _: &[u8],
-            _: rustls::pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            m: &[u8],
-            c: &rustls::pki_types::CertificateDer<'_>,
-            d: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls12_signature(
-                m,
-                c,
-                d,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-        fn verify_tls13_signature(
-            &self,
-            m: &[u8],
-            c: &rustls::pki_types::CertificateDer<'_>,
-            d: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls13_signature(
-                m,
-                c,
-                d,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            self.0.signature_verification_algorithms.supported_schemes()
-        }
-    }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -687,6 +678,103 @@ fn handshake(port: u16) -> (Vec<u8>, Option<Vec<u8>>) {
     }
     let cert = conn.peer_certificates().expect("server cert")[0].to_vec();
     (cert, conn.alpn_protocol().map(<[u8]>::to_vec))
+}
+
+/// One HTTP/1.1 GET over TLS, with a bearer token or without credentials: the status,
+/// the `Content-Type` and the body.
+fn https_get(port: u16, path: &str, token: Option<&str>) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let conn = rustls::ClientConnection::new(Arc::new(cfg), name).expect("client");
+    let sock = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    let auth = token
+        .map(|t| format!("authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        tls,
+        "GET {path} HTTP/1.1\r\nhost: localhost\r\n{auth}connection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut raw = Vec::new();
+    // The server may close without close_notify: keep what arrived.
+    let _ = tls.read_to_end(&mut raw);
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a complete response");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status line");
+    let content_type = head
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_default();
+    (status, content_type, body.to_string())
+}
+
+#[test]
+fn self_metrics_are_served_behind_the_same_gates() {
+    let bins = kubectls();
+    let bin = bins.last().expect("a kubectl");
+    let s = start("selfmetrics", &[]);
+    let nodes = "/apis/metrics.k8s.io/v1beta1/nodes";
+    // Requests to be counted: a NodeMetrics list (200) and one with a bad token (401).
+    let (ok, _, err) = kubectl(bin, &s.dir, s.port, &["get", "--raw", nodes]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = kubectl_as(bin, &s.dir, s.port, "wrong", &["get", "--raw", nodes]);
+    assert!(!ok && err.contains("Unauthorized"), "{err}");
+
+    // Authenticated and allowed by SubjectAccessReview (`get` on the non-resource path).
+    let (code, content_type, body) = https_get(s.port, "/metrics", Some("kpulse-test"));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
+    let labels =
+        r#"verb="list",group="metrics.k8s.io",version="v1beta1",resource="nodes",endpoint="api""#;
+    for line in [
+        format!("kpulse_aggregator_requests_total{{{labels},code=\"200\"}} 1\n"),
+        format!("kpulse_aggregator_requests_total{{{labels},code=\"401\"}} 1\n"),
+        format!("kpulse_aggregator_request_duration_seconds_count{{{labels}}} 2\n"),
+        "kpulse_aggregator_store_nodes 0\n".to_string(),
+        "# TYPE kpulse_aggregator_metric_freshness_seconds histogram\n".to_string(),
+    ] {
+        assert!(body.contains(&line), "{line} missing from {body}");
+    }
+    // kubectl reads it too; the scrape above is counted by now.
+    let (ok, out, err) = kubectl(bin, &s.dir, s.port, &["get", "--raw", "/metrics"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(r#"kpulse_aggregator_requests_total{verb="get",group="",version="",resource="",endpoint="metrics",code="200"} 1"#),
+        "{out}"
+    );
+
+    // Not open: no credentials is 401, a user the SubjectAccessReview denies is 403.
+    let (code, _, body) = https_get(s.port, "/metrics", None);
+    assert_eq!(code, 401, "{body}");
+    let (code, _, body) = https_get(s.port, "/metrics", Some("denied-token"));
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("nobody") && body.contains("/metrics"),
+        "{body}"
+    );
+
+    // Liveness includes the store's maintenance loop.
+    let (ok, out, err) = kubectl(bin, &s.dir, s.port, &["get", "--raw", "/livez?verbose"]);
+    assert!(
+        ok && out.contains("[+]ping ok\n[+]metric-collection-timely ok\n"),
+        "{out} {err}"
+    );
 }
 
 #[test]

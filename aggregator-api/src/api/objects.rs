@@ -1,6 +1,8 @@
 //! Building API objects: metadata decides *which* objects exist (as metrics-server lists
 //! nodes and pods from its informers), the store supplies their numbers. An object the
 //! store has no servable metrics for is left out of lists and is NotFound on `get`.
+//! Every object built here is served, so its age is reported to the store's observer
+//! ([`Store::record_served`]: the freshness histogram of `/metrics`).
 
 use std::time::SystemTime;
 
@@ -18,8 +20,9 @@ pub fn node_metrics<C: Clock>(
     now: SystemTime,
 ) -> Vec<NodeMetrics> {
     let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-    store
-        .node_metrics(&names)
+    let points = store.node_metrics(&names);
+    store.record_served(points.iter().flatten().map(|p| p.timestamp));
+    points
         .into_iter()
         .zip(nodes)
         .filter_map(|(point, meta)| {
@@ -47,8 +50,9 @@ pub fn pod_metrics<C: Clock>(
         .iter()
         .map(|p| (p.namespace.as_str(), p.name.as_str()))
         .collect();
-    store
-        .pod_metrics(&keys)
+    let points = store.pod_metrics(&keys);
+    store.record_served(points.iter().flatten().map(|p| p.timestamp));
+    points
         .into_iter()
         .zip(pods)
         .filter_map(|(point, meta)| {
@@ -132,6 +136,8 @@ mod tests {
                 labels: BTreeMap::new(),
             },
         ];
+        let (tx, rx) = std::sync::mpsc::channel();
+        store.observe_served(move |age| tx.send(age).expect("receiver alive"));
         let now = UnixNanos(T0 + 2_000_000_000).to_system_time();
         let n = node_metrics(&store, &nodes, now);
         assert_eq!(n.len(), 1, "a node without metrics is left out");
@@ -154,5 +160,7 @@ mod tests {
             "{json}"
         );
         assert!(json.contains(r#""window":"1s""#), "{json}");
+        // One age per object served (the store's clock is still at T0, behind the points).
+        assert_eq!(rx.try_iter().collect::<Vec<_>>(), [Duration::ZERO; 2]);
     }
 }

@@ -1,0 +1,707 @@
+//! The server's own metrics, served at `/metrics` in the Prometheus text format (0.0.4)
+//! with the `prometheus-client` crate: what was asked and answered, how fast, what the
+//! store holds and how fresh the served data was.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `kpulse_aggregator_requests_total` | counter | `verb`, `group`, `version`, `resource`, `endpoint`, `code` |
+//! | `kpulse_aggregator_request_duration_seconds` | histogram (0.5 ms … 10 s) | `verb`, `group`, `version`, `resource`, `endpoint` |
+//! | `kpulse_aggregator_metric_freshness_seconds` | histogram (0.1 s … 60 s) | none |
+//! | `kpulse_aggregator_store_nodes`, `_pods`, `_containers` | gauge, read at scrape | none |
+//! | `kpulse_aggregator_store_newest_batch_age_seconds`, `_oldest_batch_age_seconds` | gauge, read at scrape; absent without nodes | none |
+//!
+//! # Requests
+//!
+//! Every request is counted once, whatever answered it: health probes, rejections before
+//! authentication (a bad `?timeout=`), 401, 403, 404, the API, `/metrics` itself. The
+//! latency is from the handler's start to the built response (TokenReview and
+//! SubjectAccessReview round trips included; writing the body is not).
+//!
+//! Labels take values from fixed sets only, so no request can add series beyond a known
+//! bound ([`RequestKind`]); raw paths, names and namespaces never become labels:
+//!
+//! - `verb`: the Kubernetes verb of a resource request (`get`, `list`, `watch`, …), the
+//!   lowercased method otherwise, `other` for anything else (extension methods).
+//! - `group` / `version` / `resource`: for resource requests, `metrics.k8s.io`, `v1` or
+//!   `v1beta1`, `nodes` or `pods`; `other` for anything else (a request for another group
+//!   has `other` in all three). Empty for non-resource requests.
+//! - `endpoint`: `api` (resource requests), `discovery` (`/apis`, the group and version
+//!   documents), `openapi`, `metrics`, `health` (`/healthz`, `/livez`, `/readyz` and their
+//!   per-check paths), `other`.
+//! - `code`: the HTTP status; this server writes a small fixed set.
+//!
+//! Health probes are counted (`endpoint="health"`): a probe rate that stops, or 500s there,
+//! is worth seeing, and their label values are as fixed as any other.
+//!
+//! # Store and freshness
+//!
+//! The store gauges come from [`Store::stats`] at every scrape (a [`Collector`]), so they
+//! are never stale: nodes, pods and containers in memory, and the seconds since the newest
+//! and the oldest of the nodes' latest batches arrived (the oldest grows past the metric
+//! expiry when an agent stops, until housekeeping drops its node).
+//! `kpulse_aggregator_metric_freshness_seconds` is metrics-server's
+//! `metrics_server_api_metric_freshness_seconds`: `now − timestamp` of every NodeMetrics and
+//! PodMetrics object served, observed through [`Store::observe_served`].
+//!
+//! # Access
+//!
+//! As metrics-server's, `/metrics` is not open: it is served after authentication and a
+//! SubjectAccessReview for the non-resource `get /metrics` (`app.rs`), unless the operator
+//! lists it in `--authorization-always-allow-paths` (authentication is still needed then).
+//!
+//! Liveness (`/livez`, `metric-collection-timely`) is in [`crate::health::Heartbeat`].
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{prometheus_text, DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        counter::Counter,
+        family::{Family, MetricConstructor},
+        gauge::ConstGauge,
+        histogram::Histogram,
+    },
+    registry::{Registry, Unit},
+};
+
+use crate::{
+    api::request::RequestInfo,
+    store::{Clock, Store},
+};
+
+/// The `Content-Type` of what [`SelfMetrics::encode`] writes (Prometheus text, 0.0.4).
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// Upper bounds (seconds) of `kpulse_aggregator_request_duration_seconds`: an in-memory API
+/// answers in well under a millisecond; a TokenReview or SubjectAccessReview round trip
+/// takes milliseconds to seconds.
+pub const REQUEST_DURATION_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Upper bounds (seconds) of `kpulse_aggregator_metric_freshness_seconds`: agents push every
+/// second by default and data older than `--metric-expiry` (10 s by default) is never served.
+pub const FRESHNESS_BUCKETS: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0];
+
+/// The group this server serves; any other is `other`.
+const GROUP: &str = "metrics.k8s.io";
+/// The value of a label outside its fixed set.
+const OTHER: &str = "other";
+/// Verbs kept as they are (resource verbs, then lowercased HTTP methods).
+const VERBS: [&str; 15] = [
+    "get",
+    "list",
+    "watch",
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+    "proxy",
+    "head",
+    "post",
+    "put",
+    "options",
+    "connect",
+    "trace",
+];
+/// Paths of the discovery documents this server writes.
+const DISCOVERY_PATHS: [&str; 4] = [
+    "/apis",
+    "/apis/metrics.k8s.io",
+    "/apis/metrics.k8s.io/v1",
+    "/apis/metrics.k8s.io/v1beta1",
+];
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The text encoder failed (it writes to a `String`: only a metric's own encoding can).
+    #[error("cannot encode the metrics")]
+    Encode(#[source] fmt::Error),
+}
+
+/// What a request was, in labels whose values come from fixed sets (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RequestKind {
+    /// The verb, or `other`.
+    pub verb: &'static str,
+    /// `metrics.k8s.io`, `other`, or empty for non-resource requests.
+    pub group: &'static str,
+    /// `v1`, `v1beta1`, `other`, or empty for non-resource requests.
+    pub version: &'static str,
+    /// `nodes`, `pods`, `other`, or empty for non-resource requests.
+    pub resource: &'static str,
+    /// `api`, `discovery`, `openapi`, `metrics`, `health` or `other`.
+    pub endpoint: &'static str,
+}
+
+impl RequestKind {
+    /// A request known only by its method and (raw) path: before, or without,
+    /// [`preflight`](crate::api::request::preflight).
+    pub fn new(method: &http::Method, path: &str) -> RequestKind {
+        RequestKind {
+            verb: bounded_verb(method.as_str()),
+            group: "",
+            version: "",
+            resource: "",
+            endpoint: endpoint_of(path),
+        }
+    }
+
+    /// Refines the kind with what preflight found: the Kubernetes verb and, for resource
+    /// requests, the group, version and resource.
+    pub fn refine(&mut self, info: &RequestInfo) {
+        self.verb = bounded_verb(&info.verb);
+        if !info.is_resource_request {
+            return;
+        }
+        self.endpoint = "api";
+        if info.api_group != GROUP {
+            (self.group, self.version, self.resource) = (OTHER, OTHER, OTHER);
+            return;
+        }
+        self.group = GROUP;
+        self.version = match info.api_version.as_str() {
+            "v1" => "v1",
+            "v1beta1" => "v1beta1",
+            _ => OTHER,
+        };
+        self.resource = match info.resource.as_str() {
+            "nodes" => "nodes",
+            "pods" => "pods",
+            _ => OTHER,
+        };
+    }
+}
+
+/// A verb from [`VERBS`] (matched without regard to case), else `other`.
+fn bounded_verb(verb: &str) -> &'static str {
+    VERBS
+        .iter()
+        .find(|v| v.eq_ignore_ascii_case(verb))
+        .copied()
+        .unwrap_or(OTHER)
+}
+
+/// The `endpoint` label of a raw request path.
+fn endpoint_of(path: &str) -> &'static str {
+    let under = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    if path == "/metrics" {
+        "metrics"
+    } else if under("/healthz") || under("/livez") || under("/readyz") {
+        "health"
+    } else if DISCOVERY_PATHS.contains(&path.strip_suffix('/').unwrap_or(path)) {
+        "discovery"
+    } else if under("/openapi/v2") || under("/openapi/v3") {
+        "openapi"
+    } else if under("/apis/metrics.k8s.io") {
+        "api"
+    } else {
+        OTHER
+    }
+}
+
+/// The label set of `kpulse_aggregator_requests_total`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RequestLabels {
+    #[prometheus(flatten)]
+    kind: RequestKind,
+    code: u16,
+}
+
+/// Builds request-duration histograms.
+#[derive(Clone, Copy, Debug)]
+struct DurationHistogram;
+
+impl MetricConstructor<Histogram> for DurationHistogram {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(REQUEST_DURATION_BUCKETS)
+    }
+}
+
+/// The registry and the metrics the server updates. Share it (`Arc`).
+pub struct SelfMetrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    durations: Family<RequestKind, Histogram, DurationHistogram>,
+    freshness: Histogram,
+}
+
+impl fmt::Debug for SelfMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SelfMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for SelfMetrics {
+    fn default() -> Self {
+        SelfMetrics::new()
+    }
+}
+
+impl SelfMetrics {
+    /// The request and freshness metrics, without store gauges.
+    pub fn new() -> SelfMetrics {
+        let requests = Family::<RequestLabels, Counter>::default();
+        let durations = Family::new_with_constructor(DurationHistogram);
+        let freshness = Histogram::new(FRESHNESS_BUCKETS);
+        let mut registry = Registry::default();
+        registry.register(
+            "kpulse_aggregator_requests",
+            "Requests by verb, API group, version, resource, endpoint and HTTP status code",
+            requests.clone(),
+        );
+        registry.register_with_unit(
+            "kpulse_aggregator_request_duration",
+            "Time from a request's arrival to its response, by verb, API group, version, \
+             resource and endpoint",
+            Unit::Seconds,
+            durations.clone(),
+        );
+        registry.register_with_unit(
+            "kpulse_aggregator_metric_freshness",
+            "Age of the NodeMetrics and PodMetrics objects served (now minus their timestamp)",
+            Unit::Seconds,
+            freshness.clone(),
+        );
+        SelfMetrics {
+            registry,
+            requests,
+            durations,
+            freshness,
+        }
+    }
+
+    /// [`SelfMetrics::new`] plus the store's gauges, read at every scrape, and the freshness
+    /// of what the API serves from `store` (this installs the store's served-points observer,
+    /// which only one `SelfMetrics` per store can be).
+    pub fn with_store<C: Clock + 'static>(store: &Arc<Store<C>>) -> SelfMetrics {
+        let mut m = SelfMetrics::new();
+        m.registry.register_collector(Box::new(StoreCollector {
+            store: Arc::clone(store),
+        }));
+        let freshness = m.freshness.clone();
+        if !store.observe_served(move |age| freshness.observe(age.as_secs_f64())) {
+            tracing::warn!(
+                "the store already reports served points elsewhere: \
+                 kpulse_aggregator_metric_freshness_seconds stays empty"
+            );
+        }
+        m
+    }
+
+    /// Counts one answered request and observes its latency.
+    pub fn record(&self, kind: &RequestKind, code: http::StatusCode, elapsed: Duration) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                kind: *kind,
+                code: code.as_u16(),
+            })
+            .inc();
+        self.durations
+            .get_or_create(kind)
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Observes the age of one served object (also fed by the store, see
+    /// [`SelfMetrics::with_store`]).
+    pub fn observe_freshness(&self, age: Duration) {
+        self.freshness.observe(age.as_secs_f64());
+    }
+
+    /// Every metric in the Prometheus text format; see [`CONTENT_TYPE`].
+    pub fn encode(&self) -> Result<String, Error> {
+        let mut out = String::new();
+        prometheus_text::encode(&mut out, &self.registry).map_err(Error::Encode)?;
+        Ok(out)
+    }
+}
+
+/// The store's gauges, computed from [`Store::stats`] at each scrape.
+struct StoreCollector<C> {
+    store: Arc<Store<C>>,
+}
+
+impl<C> fmt::Debug for StoreCollector<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreCollector").finish_non_exhaustive()
+    }
+}
+
+/// Writes one unlabelled gauge.
+fn gauge<N: prometheus_client::encoding::EncodeGaugeValue>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    value: N,
+) -> Result<(), fmt::Error> {
+    let g = ConstGauge::new(value);
+    let metric = encoder.encode_descriptor(name, help, unit, g.metric_type())?;
+    g.encode(metric)
+}
+
+impl<C: Clock + 'static> Collector for StoreCollector<C> {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
+        let s = self.store.stats();
+        for (name, help, value) in [
+            (
+                "kpulse_aggregator_store_nodes",
+                "Nodes in the store (an expired node counts until housekeeping drops it)",
+                s.nodes,
+            ),
+            (
+                "kpulse_aggregator_store_pods",
+                "Pods in the store, summed over nodes",
+                s.pods,
+            ),
+            (
+                "kpulse_aggregator_store_containers",
+                "Containers in the store, summed over pods",
+                s.containers,
+            ),
+        ] {
+            gauge(&mut encoder, name, help, None, value)?;
+        }
+        // Without nodes there is no data age: absent rather than a misleading 0.
+        for (name, help, age) in [
+            (
+                "kpulse_aggregator_store_newest_batch_age",
+                "Time since the store received its newest node batch",
+                s.newest_age(),
+            ),
+            (
+                "kpulse_aggregator_store_oldest_batch_age",
+                "Time since the store received the oldest of the nodes' latest batches",
+                s.oldest_age(),
+            ),
+        ] {
+            if let Some(age) = age {
+                gauge(
+                    &mut encoder,
+                    name,
+                    help,
+                    Some(&Unit::Seconds),
+                    age.as_secs_f64(),
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{Method, StatusCode};
+    use kpulse_wire::{
+        Bytes, ContainerSample, CpuNanos, NodeBatch, NodeSample, PodSample, UnixNanos,
+    };
+
+    use super::*;
+    use crate::{
+        api::request::{preflight, RequestParts},
+        store::{ManualClock, StoreConfig},
+    };
+
+    const S: u64 = 1_000_000_000;
+    const T0: u64 = 1_700_000_000 * S;
+
+    /// The kind app.rs records for `method target`.
+    fn kind(method: &str, target: &str) -> RequestKind {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(target)
+            .body(())
+            .expect("request");
+        let mut k = RequestKind::new(req.method(), req.uri().path());
+        if let Ok(p) = preflight(&RequestParts::from_http(&req)) {
+            k.refine(&p.info);
+        }
+        k
+    }
+
+    fn labels(k: &RequestKind) -> [&'static str; 5] {
+        [k.verb, k.group, k.version, k.resource, k.endpoint]
+    }
+
+    #[test]
+    fn labels_come_from_fixed_sets() {
+        let cases = [
+            (
+                "GET",
+                "/apis/metrics.k8s.io/v1beta1/nodes",
+                ["list", GROUP, "v1beta1", "nodes", "api"],
+            ),
+            (
+                "GET",
+                "/apis/metrics.k8s.io/v1/namespaces/x/pods/y",
+                ["get", GROUP, "v1", "pods", "api"],
+            ),
+            (
+                "GET",
+                "/apis/metrics.k8s.io/v1beta1/pods?watch=1",
+                ["watch", GROUP, "v1beta1", "pods", "api"],
+            ),
+            (
+                "DELETE",
+                "/apis/metrics.k8s.io/v1beta1/nodes/n1",
+                ["delete", GROUP, "v1beta1", "nodes", "api"],
+            ),
+            // Whatever a client invents stays in the fixed sets.
+            (
+                "GET",
+                "/apis/metrics.k8s.io/v9/secrets-of-mine",
+                ["list", GROUP, "other", "other", "api"],
+            ),
+            (
+                "GET",
+                "/apis/evil.example/v1/things",
+                ["list", "other", "other", "other", "api"],
+            ),
+            (
+                "GET",
+                "/api/v1/pods",
+                ["list", "other", "other", "other", "api"],
+            ),
+            (
+                "BREW",
+                "/apis/metrics.k8s.io/v1beta1/nodes",
+                ["other", GROUP, "v1beta1", "nodes", "api"],
+            ),
+            ("BREW", "/random/user/path", ["other", "", "", "", "other"]),
+            ("GET", "/random/user/path", ["get", "", "", "", "other"]),
+            ("GET", "/metricsfoo", ["get", "", "", "", "other"]),
+            ("GET", "/metrics", ["get", "", "", "", "metrics"]),
+            ("HEAD", "/metrics", ["head", "", "", "", "metrics"]),
+            ("GET", "/apis", ["get", "", "", "", "discovery"]),
+            (
+                "GET",
+                "/apis/metrics.k8s.io/",
+                ["get", "", "", "", "discovery"],
+            ),
+            (
+                "GET",
+                "/apis/metrics.k8s.io/v1beta1",
+                ["get", "", "", "", "discovery"],
+            ),
+            ("GET", "/openapi/v2", ["get", "", "", "", "openapi"]),
+            (
+                "GET",
+                "/openapi/v3/apis/metrics.k8s.io/v1beta1?hash=x",
+                ["get", "", "", "", "openapi"],
+            ),
+            (
+                "GET",
+                "/livez/anything-at-all",
+                ["get", "", "", "", "health"],
+            ),
+            ("GET", "/readyz?verbose", ["get", "", "", "", "health"]),
+            ("GET", "/healthzz", ["get", "", "", "", "other"]),
+        ];
+        for (method, target, want) in cases {
+            assert_eq!(labels(&kind(method, target)), want, "{method} {target}");
+        }
+        // A preflight failure keeps what the method and path say.
+        assert_eq!(
+            labels(&kind(
+                "GET",
+                "/apis/metrics.k8s.io/v1beta1/nodes?timeout=bogus"
+            )),
+            ["get", "", "", "", "api"]
+        );
+    }
+
+    #[test]
+    fn no_request_adds_series_beyond_the_fixed_sets() {
+        let m = SelfMetrics::new();
+        for i in 0..500 {
+            let target = format!("/apis/g{i}.example/v{i}/r{i}?watch={}", i % 2);
+            m.record(
+                &kind("GET", &target),
+                StatusCode::UNAUTHORIZED,
+                Duration::ZERO,
+            );
+            let target = format!("/p{i}/x");
+            m.record(
+                &kind(&format!("M{i}"), &target),
+                StatusCode::NOT_FOUND,
+                Duration::ZERO,
+            );
+        }
+        let text = m.encode().expect("encode");
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("kpulse_aggregator_requests_total{"))
+            .count();
+        assert_eq!(series, 3, "{text}");
+        assert!(!text.contains("example") && !text.contains("/p1"), "{text}");
+    }
+
+    /// `name{labels}` → value, for every sample line; panics on a malformed line.
+    fn samples(text: &str) -> std::collections::BTreeMap<String, f64> {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| {
+                let (series, value) = l.rsplit_once(' ').expect("`series value`");
+                let value = match value {
+                    "+Inf" => f64::INFINITY,
+                    v => v.parse().expect("a number"),
+                };
+                (series.to_string(), value)
+            })
+            .collect()
+    }
+
+    fn batch(node: &str, t: u64) -> NodeBatch {
+        NodeBatch {
+            node_name: node.into(),
+            sent_at: UnixNanos(t),
+            node: NodeSample {
+                timestamp: UnixNanos(t),
+                started_at: None,
+                cpu: CpuNanos(t - T0),
+                memory_working_set: Bytes(1 << 30),
+            },
+            pods: vec![PodSample {
+                uid: "u1".into(),
+                namespace: "ns".into(),
+                name: "web".into(),
+                containers: ["app", "sidecar"]
+                    .into_iter()
+                    .map(|name| ContainerSample {
+                        name: name.into(),
+                        timestamp: UnixNanos(t),
+                        cgroup_id: None,
+                        started_at: None,
+                        cpu: CpuNanos(t - T0),
+                        memory_working_set: Bytes(1 << 20),
+                    })
+                    .collect(),
+            }],
+        }
+    }
+
+    #[test]
+    fn text_output_has_every_metric() {
+        let clock = Arc::new(ManualClock::new(UnixNanos(T0)));
+        let store = Arc::new(
+            Store::with_clock(
+                StoreConfig::new(Duration::from_secs(10)),
+                Arc::clone(&clock),
+            )
+            .expect("store"),
+        );
+        let m = SelfMetrics::with_store(&store);
+        let text = m.encode().expect("encode");
+        assert!(text.contains("kpulse_aggregator_store_nodes 0\n"), "{text}");
+        assert!(
+            !text.contains("batch_age"),
+            "no data age without data: {text}"
+        );
+
+        store.ingest(batch("n1", T0)).expect("ingest");
+        clock.set(UnixNanos(T0 + 2 * S));
+        store.ingest(batch("n2", T0 + 2 * S)).expect("ingest");
+        clock.set(UnixNanos(T0 + 3 * S));
+        m.record(
+            &kind("GET", "/apis/metrics.k8s.io/v1beta1/nodes"),
+            StatusCode::OK,
+            Duration::from_micros(300),
+        );
+        m.record(
+            &kind("GET", "/apis/metrics.k8s.io/v1beta1/nodes"),
+            StatusCode::UNAUTHORIZED,
+            Duration::from_millis(30),
+        );
+        store.record_served([UnixNanos(T0 + 2 * S)]);
+        m.observe_freshness(Duration::from_millis(200));
+
+        let text = m.encode().expect("encode");
+        for header in [
+            "# TYPE kpulse_aggregator_requests_total counter\n",
+            "# TYPE kpulse_aggregator_request_duration_seconds histogram\n",
+            "# TYPE kpulse_aggregator_metric_freshness_seconds histogram\n",
+            "# TYPE kpulse_aggregator_store_nodes gauge\n",
+            "# TYPE kpulse_aggregator_store_oldest_batch_age_seconds gauge\n",
+        ] {
+            assert!(text.contains(header), "{header} missing from {text}");
+        }
+        let s = samples(&text);
+        let nodes = r#"verb="list",group="metrics.k8s.io",version="v1beta1",resource="nodes",endpoint="api""#;
+        let expect = [
+            (
+                format!("kpulse_aggregator_requests_total{{{nodes},code=\"200\"}}"),
+                1.0,
+            ),
+            (
+                format!("kpulse_aggregator_requests_total{{{nodes},code=\"401\"}}"),
+                1.0,
+            ),
+            (
+                format!(
+                    "kpulse_aggregator_request_duration_seconds_bucket{{{nodes},le=\"0.0005\"}}"
+                ),
+                1.0,
+            ),
+            (
+                format!("kpulse_aggregator_request_duration_seconds_bucket{{{nodes},le=\"0.05\"}}"),
+                2.0,
+            ),
+            (
+                format!("kpulse_aggregator_request_duration_seconds_bucket{{{nodes},le=\"+Inf\"}}"),
+                2.0,
+            ),
+            (
+                format!("kpulse_aggregator_request_duration_seconds_count{{{nodes}}}"),
+                2.0,
+            ),
+            (
+                "kpulse_aggregator_metric_freshness_seconds_bucket{le=\"0.25\"}".into(),
+                1.0,
+            ),
+            (
+                "kpulse_aggregator_metric_freshness_seconds_bucket{le=\"1\"}".into(),
+                2.0,
+            ),
+            (
+                "kpulse_aggregator_metric_freshness_seconds_count".into(),
+                2.0,
+            ),
+            ("kpulse_aggregator_metric_freshness_seconds_sum".into(), 1.2),
+            ("kpulse_aggregator_store_nodes".into(), 2.0),
+            ("kpulse_aggregator_store_pods".into(), 2.0),
+            ("kpulse_aggregator_store_containers".into(), 4.0),
+            (
+                "kpulse_aggregator_store_newest_batch_age_seconds".into(),
+                1.0,
+            ),
+            (
+                "kpulse_aggregator_store_oldest_batch_age_seconds".into(),
+                3.0,
+            ),
+        ];
+        for (series, value) in expect {
+            assert_eq!(s.get(&series), Some(&value), "{series} in {text}");
+        }
+    }
+
+    #[test]
+    fn a_second_observer_is_refused_without_breaking_anything() {
+        let store = Arc::new(Store::new(StoreConfig::new(Duration::from_secs(10))).expect("store"));
+        let _first = SelfMetrics::with_store(&store);
+        let second = SelfMetrics::with_store(&store);
+        second.encode().expect("still encodes");
+    }
+
+    #[test]
+    fn request_methods_are_matched_without_case() {
+        assert_eq!(RequestKind::new(&Method::GET, "/x").verb, "get");
+        assert_eq!(bounded_verb("DeleteCollection"), "deletecollection");
+        assert_eq!(bounded_verb(""), OTHER);
+    }
+}

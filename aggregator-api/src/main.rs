@@ -101,7 +101,6 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         max_age,
     ));
     tokio::spawn(maintain(store.clone(), heartbeat.clone(), every));
-    let metrics = Arc::new(selfmetrics::SelfMetrics::with_store(&store));
     let ready_store = store.clone();
     let storage_ready = health::FnCheck::arc("metric-storage-ready", move || {
         if ready_store.ready() {
@@ -115,6 +114,8 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             min_request_timeout: cfg.min_request_timeout,
             ..Default::default()
         });
+    let metrics =
+        Arc::new(selfmetrics::SelfMetrics::with_store(&store).with_watches(watches.clone()));
     let app = Arc::new(App {
         health: HealthChecks {
             healthz: vec![health::ping()],

@@ -295,6 +295,14 @@ impl SelfMetrics {
         m
     }
 
+    /// Adds the watch gauges, read from `hub` at every scrape: watches open, and watches
+    /// ended because their client stopped reading.
+    pub fn with_watches(mut self, hub: Arc<crate::api::watch::Hub>) -> SelfMetrics {
+        self.registry
+            .register_collector(Box::new(WatchCollector { hub }));
+        self
+    }
+
     /// Counts one answered request and observes its latency.
     pub fn record(&self, kind: &RequestKind, code: http::StatusCode, elapsed: Duration) {
         self.requests
@@ -319,6 +327,33 @@ impl SelfMetrics {
         let mut out = String::new();
         prometheus_text::encode(&mut out, &self.registry).map_err(Error::Encode)?;
         Ok(out)
+    }
+}
+
+/// The watch hub's numbers at each scrape.
+#[derive(Debug)]
+struct WatchCollector {
+    hub: Arc<crate::api::watch::Hub>,
+}
+
+impl Collector for WatchCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
+        gauge(
+            &mut encoder,
+            "kpulse_aggregator_watches",
+            "Watches open",
+            None,
+            self.hub.active() as i64,
+        )?;
+        let dropped =
+            prometheus_client::metrics::counter::ConstCounter::new(self.hub.dropped_slow());
+        let metric = encoder.encode_descriptor(
+            "kpulse_aggregator_watches_dropped_slow",
+            "Watches ended because their client stopped reading",
+            None,
+            dropped.metric_type(),
+        )?;
+        dropped.encode(metric)
     }
 }
 
@@ -703,5 +738,19 @@ mod tests {
         assert_eq!(RequestKind::new(&Method::GET, "/x").verb, "get");
         assert_eq!(bounded_verb("DeleteCollection"), "deletecollection");
         assert_eq!(bounded_verb(""), OTHER);
+    }
+
+    #[test]
+    fn watch_numbers_are_read_at_scrape() {
+        let hub = crate::api::watch::Hub::new(crate::api::watch::Settings::default());
+        let text = SelfMetrics::new()
+            .with_watches(hub)
+            .encode()
+            .expect("encode");
+        assert!(text.contains("\nkpulse_aggregator_watches 0\n"), "{text}");
+        assert!(
+            text.contains("\nkpulse_aggregator_watches_dropped_slow_total 0\n"),
+            "{text}"
+        );
     }
 }

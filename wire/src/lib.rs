@@ -1,13 +1,17 @@
-//! The agent → aggregator protocol's data: one [`NodeBatch`] per node per tick, carrying
-//! *cumulative* counters with their timestamps (rates are derived by the server, from two
-//! points, as metrics-server does). This crate has no I/O and no codec yet: transport,
-//! framing and versioned encoding arrive with the stream (a later milestone).
+//! The agent → aggregator protocol: *cumulative* counters with their timestamps (rates are
+//! derived by the server, from two points, as metrics-server does), pod metadata, and the
+//! versioned, framed stream that carries them ([`stream`]). No I/O: the agent's and the
+//! server's transports use it.
+//!
+//! The server's store consumes one [`NodeBatch`] per node per tick; the stream's messages
+//! ([`stream::Snapshot`], [`stream::Update`]) carry the same samples without repeating pod
+//! metadata every tick, and the server joins them back into batches.
 //!
 //! # What a batch means
 //!
 //! A [`NodeBatch`] is a **full snapshot** of one node: the node's own totals and every pod
-//! the agent could attribute on that tick. There are no removal messages: a pod that is
-//! missing from a node's batch is gone from that node, and the aggregator forgets it. An
+//! the agent could attribute on that tick: a pod that is missing from a node's batch is gone
+//! from that node, and the store forgets it (the stream's removals say so explicitly). An
 //! agent that cannot measure every container of a pod leaves the whole pod out (as
 //! metrics-server drops a pod whose container metrics are incomplete), rather than sending
 //! a partial pod that would look like a pod with fewer containers.
@@ -30,13 +34,14 @@
 //!
 //! # What this crate is not
 //!
-//! Not the kernel ABI (`kpulse-common` is), not a codec, not a client: plain data with serde
-//! derives. Pod labels and other metadata are not carried: the aggregator takes them from the
-//! API server, which owns them, instead of receiving them from every node every tick.
+//! Not the kernel ABI (`kpulse-common` is), not a client or a server: plain data with serde
+//! derives and the frame codec.
 
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
+
+pub mod stream;
 
 /// Cumulative CPU time in nanoseconds (a counter that only grows within one instance).
 #[derive(

@@ -95,11 +95,51 @@ pub struct Config {
     /// this (as the apiserver's flag of the same name).
     #[arg(long, env = "KPULSE_MIN_REQUEST_TIMEOUT", default_value = "1800", value_parser = parse_seconds)]
     pub min_request_timeout: std::time::Duration,
-    /// A JSON Lines file of node and pod metadata and node batches, followed as it grows:
-    /// the loader for tests and offline use (see the `feed` module). Agents' streams
-    /// replace it in a cluster.
+    /// A JSON Lines file of agents' wire messages (Hello, Snapshot, Update), followed as
+    /// it grows: the loader for tests and offline use (see the `feed` module). Agents'
+    /// streams replace it in a cluster.
     #[arg(long, env = "KPULSE_FEED_FILE")]
     pub feed_file: Option<PathBuf>,
+
+    /// Port for the agents' streams (HTTPS, same certificate and TLS settings as the API).
+    #[arg(long, env = "KPULSE_INGEST_PORT", default_value_t = crate::ingest::DEFAULT_PORT)]
+    pub ingest_port: u16,
+    /// Address the agents' port listens on; default: --bind-address.
+    #[arg(long, env = "KPULSE_INGEST_BIND_ADDRESS")]
+    pub ingest_bind_address: Option<IpAddr>,
+    /// Audiences agents' tokens are reviewed for (TokenReview `spec.audiences`).
+    #[arg(
+        long,
+        env = "KPULSE_AGENT_TOKEN_AUDIENCE",
+        value_delimiter = ',',
+        default_value = crate::ingest::DEFAULT_AUDIENCE
+    )]
+    pub agent_token_audience: Vec<String>,
+    /// Users whose tokens may stream node metrics (comma-separated).
+    #[arg(
+        long,
+        env = "KPULSE_AGENT_SERVICE_ACCOUNTS",
+        value_delimiter = ',',
+        default_value = crate::ingest::DEFAULT_AGENT_SERVICE_ACCOUNT
+    )]
+    pub agent_service_accounts: Vec<String>,
+    /// CA bundle for agents' client certificates (standalone mode: CN = node name). Without
+    /// it, agents must use tokens.
+    #[arg(long, env = "KPULSE_AGENT_CLIENT_CA_FILE")]
+    pub agent_client_ca_file: Option<PathBuf>,
+    /// Agent streams (requests on the agents' port) at once; more get 429.
+    #[arg(long, env = "KPULSE_MAX_AGENT_STREAMS", default_value_t = crate::ingest::DEFAULT_MAX_STREAMS)]
+    pub max_agent_streams: usize,
+}
+
+impl Config {
+    /// The address of the agents' port.
+    pub fn ingest_address(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(
+            self.ingest_bind_address.unwrap_or(self.bind_address),
+            self.ingest_port,
+        )
+    }
 }
 
 /// Whole seconds, at least 1 (the apiserver's `--min-request-timeout` is an int).
@@ -170,6 +210,33 @@ impl Config {
         if let Err(e) = crate::tls::cipher_suites(&self.tls_cipher_suites) {
             errs.push(e.to_string());
         }
+        if self.ingest_port == 0 {
+            errs.push("--ingest-port must not be 0".into());
+        } else if self.ingest_address()
+            == std::net::SocketAddr::new(self.bind_address, self.secure_port)
+        {
+            errs.push(format!(
+                "--ingest-port {} is --secure-port: the agents' port needs its own",
+                self.ingest_port
+            ));
+        }
+        if self.max_agent_streams == 0 {
+            errs.push("--max-agent-streams must be positive".into());
+        }
+        if self
+            .agent_token_audience
+            .iter()
+            .all(|a| a.trim().is_empty())
+        {
+            errs.push("--agent-token-audience must name an audience".into());
+        }
+        if self
+            .agent_service_accounts
+            .iter()
+            .all(|a| a.trim().is_empty())
+        {
+            errs.push("--agent-service-accounts must name a user".into());
+        }
         if self.metric_expiry.is_zero() {
             errs.push("--metric-expiry must be positive".into());
         }
@@ -179,6 +246,7 @@ impl Config {
                 &self.requestheader_client_ca_file,
             ),
             ("--client-ca-file", &self.client_ca_file),
+            ("--agent-client-ca-file", &self.agent_client_ca_file),
             ("--kubeconfig", &self.kubeconfig),
         ] {
             if let Some(p) = path {
@@ -207,7 +275,40 @@ mod tests {
     fn defaults_are_valid() {
         let c = parse(&[]);
         assert_eq!(c.secure_port, 10250);
+        assert_eq!(c.ingest_port, 8444);
+        assert_eq!(c.ingest_address().to_string(), "0.0.0.0:8444");
+        assert_eq!(c.agent_token_audience, ["kpulse"]);
+        assert_eq!(
+            c.agent_service_accounts,
+            ["system:serviceaccount:kpulse-system:kpulse-agent"]
+        );
+        assert_eq!(c.max_agent_streams, 10_000);
+        assert!(c.agent_client_ca_file.is_none());
         c.validate().expect("valid");
+        let c = parse(&[
+            "--bind-address",
+            "127.0.0.1",
+            "--ingest-bind-address",
+            "::1",
+        ]);
+        assert_eq!(c.ingest_address().to_string(), "[::1]:8444");
+    }
+
+    #[test]
+    fn the_agents_port_needs_its_own_port() {
+        let e = parse(&["--secure-port", "8444"])
+            .validate()
+            .expect_err("same port")
+            .to_string();
+        assert!(e.contains("--ingest-port 8444 is --secure-port"), "{e}");
+        parse(&[
+            "--secure-port",
+            "8444",
+            "--ingest-bind-address",
+            "127.0.0.2",
+        ])
+        .validate()
+        .expect("another address");
     }
 
     #[test]
@@ -240,9 +341,20 @@ mod tests {
             "VersionTLS10",
             "--tls-cipher-suites",
             "TLS_BOGUS",
+            "--max-agent-streams",
+            "0",
+            "--agent-client-ca-file",
+            "/nonexistent/ca.crt",
         ]);
         let e = c.validate().expect_err("invalid").to_string();
-        for part in ["--secure-port", "go together", "VersionTLS10", "TLS_BOGUS"] {
+        for part in [
+            "--secure-port",
+            "go together",
+            "VersionTLS10",
+            "TLS_BOGUS",
+            "--max-agent-streams",
+            "--agent-client-ca-file",
+        ] {
             assert!(e.contains(part), "{part} missing from {e}");
         }
     }

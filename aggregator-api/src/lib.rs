@@ -12,10 +12,12 @@ pub mod auth;
 pub mod config;
 pub mod feed;
 pub mod health;
+pub mod ingest;
 pub mod metadata;
 pub mod quantity;
 pub mod selfmetrics;
 pub mod serve;
+pub mod session;
 pub mod store;
 pub mod tls;
 

@@ -1,5 +1,6 @@
-//! `kpulse-aggregator-api`: wiring only. Flags → tracing → TLS → store, its maintenance
-//! loop and the server's own metrics → serve → drain.
+//! `kpulse-aggregator-api`: wiring only. Flags → tracing → TLS → store, sessions (agents'
+//! streams and the feed file), the maintenance loop and the server's own metrics → serve
+//! the API and the agents' port → drain.
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
@@ -9,7 +10,10 @@ use kpulse_aggregator_api::{
     app::{App, HealthChecks, Security},
     auth::{self, chain, delegated, x509::CaBundle},
     config::Config,
-    health, selfmetrics, serve,
+    health, ingest,
+    metadata::StreamMetadata,
+    selfmetrics, serve,
+    session::Sessions,
     store::Store,
     tls,
 };
@@ -73,25 +77,39 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         .with_cert_resolver(certs);
     server_config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
 
+    let server_config = Arc::new(server_config);
+
     let addr = std::net::SocketAddr::new(cfg.bind_address, cfg.secure_port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     tracing::info!(%addr, "serving");
-    let security = security(&cfg).await?;
+    let ingest_addr = cfg.ingest_address();
+    let ingest_listener = tokio::net::TcpListener::bind(ingest_addr)
+        .await
+        .with_context(|| format!("cannot listen on {ingest_addr} (--ingest-port)"))?;
+    tracing::info!(addr = %ingest_addr, "serving agents' streams");
+    let client = kube_client(&cfg).await?;
+    let security = security(&cfg, client.clone()).await?;
     let store = Arc::new(
         kpulse_aggregator_api::store::Store::new(kpulse_aggregator_api::store::StoreConfig::new(
             cfg.metric_expiry,
         ))
         .context("store configuration")?,
     );
-    let metadata = kpulse_aggregator_api::metadata::StaticMetadata::new();
+    let metadata = StreamMetadata::new();
+    let ingest_metrics = selfmetrics::IngestMetrics::new();
+    let sessions = Sessions::new(store.clone(), metadata.clone(), ingest_metrics.clone());
+    let agents = ingest::Ingest::new(
+        sessions.clone(),
+        agent_identity(&cfg, client)?,
+        ingest::Settings::new(cfg.max_agent_streams, cfg.metric_expiry),
+    );
     if let Some(path) = &cfg.feed_file {
         tracing::info!(path = %path.display(), "following the feed file");
         tokio::spawn(kpulse_aggregator_api::feed::follow(
             path.clone(),
-            store.clone(),
-            metadata.clone(),
+            sessions.clone(),
         ));
     }
     let (every, max_age) = health::maintenance_schedule(cfg.metric_expiry);
@@ -100,7 +118,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         "the store's maintenance loop",
         max_age,
     ));
-    tokio::spawn(maintain(store.clone(), heartbeat.clone(), every));
+    tokio::spawn(maintain(sessions, heartbeat.clone(), every));
     let ready_store = store.clone();
     let storage_ready = health::FnCheck::arc("metric-storage-ready", move || {
         if ready_store.ready() {
@@ -114,8 +132,11 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             min_request_timeout: cfg.min_request_timeout,
             ..Default::default()
         });
-    let metrics =
-        Arc::new(selfmetrics::SelfMetrics::with_store(&store).with_watches(watches.clone()));
+    let metrics = Arc::new(
+        selfmetrics::SelfMetrics::with_store(&store)
+            .with_watches(watches.clone())
+            .with_ingest(&ingest_metrics),
+    );
     let app = Arc::new(App {
         health: HealthChecks {
             healthz: vec![health::ping()],
@@ -125,7 +146,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         security,
         router: kpulse_aggregator_api::api::handler::ApiContext {
             store,
-            metadata,
+            metadata: metadata.clone(),
             discovery: Arc::new(kpulse_aggregator_api::api::discovery::Discovery::new(
                 kpulse_aggregator_api::api::discovery::Options {
                     external_address: format!(":{}", cfg.secure_port),
@@ -136,42 +157,104 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         },
         metrics: Some(metrics),
     });
-    serve::serve(
-        listener,
-        Arc::new(server_config),
-        app,
-        serve::Limits::default(),
-        async move {
-            shutdown.await;
-            // Watches never end by themselves: end them so that the drain can finish.
-            watches.shutdown();
-        },
-    )
-    .await;
+    // One signal, two servers.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        stop.send_replace(true);
+    });
+    let signalled = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        // An error means the sender is gone: stop as well.
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    tokio::join!(
+        serve::serve(
+            listener,
+            server_config.clone(),
+            app,
+            serve::Limits::default(),
+            {
+                let signal = signalled(stopped.clone());
+                async move {
+                    signal.await;
+                    // Watches never end by themselves: end them so that the drain can finish.
+                    watches.shutdown();
+                }
+            },
+        ),
+        ingest::serve(ingest_listener, server_config, agents, signalled(stopped)),
+    );
     tracing::info!("stopped");
     Ok(())
 }
 
 /// Housekeeping on a timer, so a node whose agent stopped is dropped even when no batch
-/// arrives to trigger it; every pass beats `heartbeat`, the livez check that this loop (and
-/// so the runtime) still makes progress.
-async fn maintain(store: Arc<Store>, heartbeat: Arc<health::Heartbeat>, every: Duration) {
+/// arrives to trigger it, with its metadata once no session holds it; every pass beats
+/// `heartbeat`, the livez check that this loop (and so the runtime) still makes progress.
+async fn maintain(sessions: Arc<Sessions>, heartbeat: Arc<health::Heartbeat>, every: Duration) {
+    let store: &Store = &sessions.sink().store;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let dropped = store.housekeep();
+        let forgotten = sessions.forget_expired();
         heartbeat.beat();
         if dropped > 0 {
             tracing::debug!(dropped, "housekeeping dropped expired nodes");
         }
+        if !forgotten.is_empty() {
+            tracing::info!(nodes = ?forgotten, "metadata of expired nodes without a stream dropped");
+        }
     }
 }
 
-/// Authentication and authorization from the flags and the
-/// `extension-apiserver-authentication` ConfigMap; the Kubernetes API client they
-/// need comes from `--kubeconfig`, else the in-cluster configuration or `$KUBECONFIG`.
-async fn security(cfg: &Config) -> anyhow::Result<Security> {
+/// Who may stream which node: agents' tokens reviewed (for `--agent-token-audience`)
+/// through the same Kubernetes API client, and `--agent-client-ca-file` certificates.
+fn agent_identity(cfg: &Config, client: kube::Client) -> anyhow::Result<ingest::Identity> {
+    let audiences: Vec<String> = cfg
+        .agent_token_audience
+        .iter()
+        .map(|a| a.trim().to_string())
+        .filter(|a| !a.is_empty())
+        .collect();
+    let tokens = delegated::TokenAuthenticator::new(
+        client,
+        delegated::TokenConfig {
+            cache_ttl: cfg.authentication_token_webhook_cache_ttl,
+            audiences: audiences.clone(),
+            ..Default::default()
+        },
+    )?;
+    let client_ca = match &cfg.agent_client_ca_file {
+        Some(path) => Some(read_ca("--agent-client-ca-file", path)?),
+        None => None,
+    };
+    Ok(ingest::Identity {
+        tokens: Some(Arc::new(tokens)),
+        audiences,
+        service_accounts: cfg
+            .agent_service_accounts
+            .iter()
+            .map(|a| a.trim().to_string())
+            .filter(|a| !a.is_empty())
+            .collect(),
+        client_ca,
+    })
+}
+
+fn read_ca(flag: &str, path: &std::path::Path) -> anyhow::Result<CaBundle> {
+    let pem = std::fs::read_to_string(path)
+        .with_context(|| format!("reading {flag} {}", path.display()))?;
+    Ok(CaBundle::from_pem(
+        &pem,
+        &format!("{flag} {}", path.display()),
+    )?)
+}
+
+/// The Kubernetes API client (TokenReview, SubjectAccessReview, the authentication
+/// ConfigMap): from `--kubeconfig`, else the in-cluster configuration or `$KUBECONFIG`.
+async fn kube_client(cfg: &Config) -> anyhow::Result<kube::Client> {
     let kube_config = match &cfg.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -185,16 +268,12 @@ async fn security(cfg: &Config) -> anyhow::Result<Security> {
              TokenReview and SubjectAccessReview; pass --kubeconfig",
         )?,
     };
-    let client =
-        kube::Client::try_from(kube_config).context("building the Kubernetes API client")?;
-    let read_ca = |flag: &str, path: &std::path::Path| -> anyhow::Result<CaBundle> {
-        let pem = std::fs::read_to_string(path)
-            .with_context(|| format!("reading {flag} {}", path.display()))?;
-        Ok(CaBundle::from_pem(
-            &pem,
-            &format!("{flag} {}", path.display()),
-        )?)
-    };
+    kube::Client::try_from(kube_config).context("building the Kubernetes API client")
+}
+
+/// Authentication and authorization from the flags and the
+/// `extension-apiserver-authentication` ConfigMap.
+async fn security(cfg: &Config, client: kube::Client) -> anyhow::Result<Security> {
     let request_header = match &cfg.requestheader_client_ca_file {
         Some(path) => Some(auth::requestheader::Config {
             ca: read_ca("--requestheader-client-ca-file", path)?,

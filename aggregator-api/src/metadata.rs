@@ -1,11 +1,17 @@
 //! Node and pod metadata (names, labels) that API objects carry and selectors match on.
-//! metrics-server takes it from informers; here it comes through [`MetadataSource`],
-//! filled today by [`StaticMetadata`] (from the `feed` file or a test) and later from the
-//! agents' stream and a Kubernetes watch.
+//! metrics-server takes it from informers; here it comes through [`MetadataSource`]:
+//!
+//! - [`StreamMetadata`], in the server: fed by the agents' sessions (`session`), each node's
+//!   labels from its Hello and its pods from its Snapshot and Updates;
+//! - [`StaticMetadata`]: a fixed document replaced whole, for tests.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 use arc_swap::ArcSwap;
+use parking_lot::RwLock;
 use serde::Deserialize;
 
 /// A node's metadata.
@@ -61,7 +67,7 @@ struct Snapshot {
     pods: BTreeMap<(String, String), PodMeta>,
 }
 
-/// Metadata held in memory and replaced whole (readers never block).
+/// Metadata held in memory and replaced whole (readers never block): a test fixture.
 #[derive(Debug, Default)]
 pub struct StaticMetadata {
     current: ArcSwap<Snapshot>,
@@ -107,11 +113,244 @@ impl MetadataSource for StaticMetadata {
         let s = self.current.load();
         match namespace {
             None => s.pods.values().cloned().collect(),
-            Some(ns) => s
-                .pods
-                .range((ns.to_string(), String::new())..)
-                .take_while(|((n, _), _)| n == ns)
+            Some(ns) => namespace_range(&s.pods, ns)
                 .map(|(_, p)| p.clone())
+                .collect(),
+        }
+    }
+}
+
+/// Pods of one namespace, looked up from a sorted `(namespace, name)` map without scanning
+/// other namespaces.
+fn namespace_range<'a, V>(
+    map: &'a BTreeMap<(String, String), V>,
+    namespace: &'a str,
+) -> impl Iterator<Item = (&'a (String, String), &'a V)> + 'a {
+    map.range((namespace.to_string(), String::new())..)
+        .take_while(move |((ns, _), _)| ns == namespace)
+}
+
+/// Metadata reported by the agents' sessions, per node: the node's labels (from its Hello)
+/// and the pods it runs (uid, namespace, name, labels; from its Snapshot and Updates).
+///
+/// Lists come back sorted (nodes by name, pods by namespace then name) from `BTreeMap`s;
+/// one namespace's pods are a range of the `(namespace, name)` index, not a scan. Writes
+/// happen only when metadata changes (a Hello, a Snapshot, an Update with upserts or
+/// removals), so a `parking_lot::RwLock` is enough: readers share it and never wait for
+/// each other, and a writer holds it for the few entries it changes.
+///
+/// # Ownership
+///
+/// Each entry of the pod index is *claimed* by a `(node, uid)`. When two nodes report
+/// the same `namespace/name` (a pod deleted on one node and recreated on another before the
+/// first noticed), the most recent report wins and the older claim waits behind it; a
+/// removal takes away only the claim of its own node and uid, so a late removal from the
+/// old node never hides the pod the new node runs (and when the winner goes, the older
+/// claim still standing is served again).
+#[derive(Debug, Default)]
+pub struct StreamMetadata {
+    index: RwLock<Index>,
+}
+
+#[derive(Debug, Default)]
+struct Index {
+    nodes: BTreeMap<String, NodeEntry>,
+    /// `(namespace, name)` → claims, oldest first; the last one is served.
+    pods: BTreeMap<(String, String), Vec<Claim>>,
+}
+
+#[derive(Debug, Default)]
+struct NodeEntry {
+    labels: BTreeMap<String, String>,
+    /// uid → the pod's key in [`Index::pods`].
+    pods: HashMap<String, (String, String)>,
+}
+
+#[derive(Debug)]
+struct Claim {
+    node: String,
+    uid: String,
+    labels: BTreeMap<String, String>,
+}
+
+impl Index {
+    /// Takes back the claim of `node`'s pod `uid`, if it has one.
+    fn unclaim(&mut self, node: &str, uid: &str) {
+        let Some(key) = self.nodes.get_mut(node).and_then(|n| n.pods.remove(uid)) else {
+            return;
+        };
+        if let Some(claims) = self.pods.get_mut(&key) {
+            claims.retain(|c| !(c.node == node && c.uid == uid));
+            if claims.is_empty() {
+                self.pods.remove(&key);
+            }
+        }
+    }
+
+    /// Records `node`'s report of `pod`: the most recent claim of its key.
+    fn claim(&mut self, node: &str, pod: &kpulse_wire::stream::PodMeta) {
+        let key = (pod.namespace.clone(), pod.name.clone());
+        let entry = self.nodes.entry(node.to_string()).or_default();
+        if entry.pods.get(&pod.uid) != Some(&key) {
+            // A new pod, or (never in Kubernetes) a uid under another name.
+            self.unclaim(node, &pod.uid);
+        }
+        self.nodes
+            .entry(node.to_string())
+            .or_default()
+            .pods
+            .insert(pod.uid.clone(), key.clone());
+        let claims = self.pods.entry(key).or_default();
+        claims.retain(|c| !(c.node == node && c.uid == pod.uid));
+        claims.push(Claim {
+            node: node.to_string(),
+            uid: pod.uid.clone(),
+            labels: pod.labels.clone(),
+        });
+    }
+
+    fn pod_meta(key: &(String, String), claims: &[Claim]) -> Option<PodMeta> {
+        claims.last().map(|c| PodMeta {
+            namespace: key.0.clone(),
+            name: key.1.clone(),
+            labels: c.labels.clone(),
+        })
+    }
+}
+
+impl StreamMetadata {
+    /// Empty.
+    pub fn new() -> Arc<StreamMetadata> {
+        Arc::new(StreamMetadata::default())
+    }
+
+    /// Records a node (its Hello): creates it, or replaces its labels and keeps its pods.
+    pub fn set_node(&self, node: &str, labels: &BTreeMap<String, String>) {
+        let mut index = self.index.write();
+        let entry = index.nodes.entry(node.to_string()).or_default();
+        if entry.labels != *labels {
+            entry.labels = labels.clone();
+        }
+    }
+
+    /// Replaces the pods `node` runs (its Snapshot). A pod listed as before (same uid,
+    /// name and labels) keeps its place among claims of its name; the others are new
+    /// reports. Creates the node if needed.
+    pub fn replace_pods(&self, node: &str, pods: &[kpulse_wire::stream::PodMeta]) {
+        let mut index = self.index.write();
+        let keep: HashMap<&str, &kpulse_wire::stream::PodMeta> =
+            pods.iter().map(|p| (p.uid.as_str(), p)).collect();
+        let gone: Vec<String> = index
+            .nodes
+            .get(node)
+            .map(|n| {
+                n.pods
+                    .keys()
+                    .filter(|uid| !keep.contains_key(uid.as_str()))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for uid in gone {
+            index.unclaim(node, &uid);
+        }
+        index.nodes.entry(node.to_string()).or_default();
+        for pod in pods {
+            let key = (pod.namespace.clone(), pod.name.clone());
+            let unchanged = index
+                .nodes
+                .get(node)
+                .is_some_and(|n| n.pods.get(&pod.uid) == Some(&key))
+                && index.pods.get(&key).is_some_and(|claims| {
+                    claims
+                        .iter()
+                        .any(|c| c.node == node && c.uid == pod.uid && c.labels == pod.labels)
+                });
+            if !unchanged {
+                index.claim(node, pod);
+            }
+        }
+    }
+
+    /// Applies `node`'s changes (an Update): `upserts` are reports (new pods, or new
+    /// labels), then `removed` (uids) takes back this node's claims of those pods.
+    pub fn update_pods(
+        &self,
+        node: &str,
+        upserts: &[kpulse_wire::stream::PodMeta],
+        removed: &[String],
+    ) {
+        if upserts.is_empty() && removed.is_empty() {
+            return;
+        }
+        let mut index = self.index.write();
+        for pod in upserts {
+            index.claim(node, pod);
+        }
+        for uid in removed {
+            index.unclaim(node, uid);
+        }
+    }
+
+    /// Forgets a node and every claim it holds. True if it was known.
+    pub fn remove_node(&self, node: &str) -> bool {
+        let mut index = self.index.write();
+        let uids: Vec<String> = match index.nodes.get(node) {
+            Some(n) => n.pods.keys().cloned().collect(),
+            None => return false,
+        };
+        for uid in uids {
+            index.unclaim(node, &uid);
+        }
+        index.nodes.remove(node);
+        true
+    }
+
+    /// The names of the nodes known, sorted.
+    pub fn node_names(&self) -> Vec<String> {
+        self.index.read().nodes.keys().cloned().collect()
+    }
+}
+
+impl MetadataSource for StreamMetadata {
+    fn node(&self, name: &str) -> Option<NodeMeta> {
+        self.index.read().nodes.get(name).map(|n| NodeMeta {
+            name: name.to_string(),
+            labels: n.labels.clone(),
+        })
+    }
+
+    fn pod(&self, namespace: &str, name: &str) -> Option<PodMeta> {
+        let key = (namespace.to_string(), name.to_string());
+        let index = self.index.read();
+        index
+            .pods
+            .get(&key)
+            .and_then(|claims| Index::pod_meta(&key, claims))
+    }
+
+    fn nodes(&self) -> Vec<NodeMeta> {
+        self.index
+            .read()
+            .nodes
+            .iter()
+            .map(|(name, n)| NodeMeta {
+                name: name.clone(),
+                labels: n.labels.clone(),
+            })
+            .collect()
+    }
+
+    fn pods(&self, namespace: Option<&str>) -> Vec<PodMeta> {
+        let index = self.index.read();
+        match namespace {
+            None => index
+                .pods
+                .iter()
+                .filter_map(|(k, c)| Index::pod_meta(k, c))
+                .collect(),
+            Some(ns) => namespace_range(&index.pods, ns)
+                .filter_map(|(k, c)| Index::pod_meta(k, c))
                 .collect(),
         }
     }
@@ -155,5 +394,112 @@ mod tests {
         let ns1: Vec<String> = m.pods(Some("ns1")).into_iter().map(|p| p.name).collect();
         assert_eq!(ns1, ["a", "z"], "ns10 is another namespace");
         assert_eq!(m.pod("ns1", "a").expect("pod").labels["app"], "web");
+    }
+
+    fn wire_pod(
+        uid: &str,
+        ns: &str,
+        name: &str,
+        labels: &[(&str, &str)],
+    ) -> kpulse_wire::stream::PodMeta {
+        kpulse_wire::stream::PodMeta {
+            uid: uid.into(),
+            namespace: ns.into(),
+            name: name.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    fn keys(pods: Vec<PodMeta>) -> Vec<(String, String)> {
+        pods.into_iter().map(|p| (p.namespace, p.name)).collect()
+    }
+
+    fn key(ns: &str, name: &str) -> (String, String) {
+        (ns.into(), name.into())
+    }
+
+    #[test]
+    fn stream_metadata_lists_sorted_and_by_namespace() {
+        let m = StreamMetadata::new();
+        m.set_node("b", &BTreeMap::new());
+        m.set_node("a", &BTreeMap::from([("zone".into(), "x".into())]));
+        m.replace_pods(
+            "a",
+            &[
+                wire_pod("u1", "ns2", "p", &[]),
+                wire_pod("u2", "ns1", "z", &[]),
+                wire_pod("u3", "ns1", "a", &[("app", "web")]),
+            ],
+        );
+        m.replace_pods("b", &[wire_pod("u4", "ns10", "q", &[])]);
+        let names: Vec<String> = m.nodes().into_iter().map(|n| n.name).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(m.node("a").expect("a").labels["zone"], "x");
+        assert_eq!(
+            keys(m.pods(None)),
+            [
+                key("ns1", "a"),
+                key("ns1", "z"),
+                key("ns10", "q"),
+                key("ns2", "p")
+            ]
+        );
+        assert_eq!(
+            keys(m.pods(Some("ns1"))),
+            [key("ns1", "a"), key("ns1", "z")],
+            "ns10 is another namespace"
+        );
+        assert!(m.pods(Some("ns")).is_empty());
+        assert_eq!(m.pod("ns1", "a").expect("pod").labels["app"], "web");
+
+        // A Snapshot replaces the node's pods; a Hello keeps them.
+        m.replace_pods("a", &[wire_pod("u3", "ns1", "a", &[("app", "api")])]);
+        m.set_node("a", &BTreeMap::new());
+        assert_eq!(keys(m.pods(None)), [key("ns1", "a"), key("ns10", "q")]);
+        assert_eq!(m.pod("ns1", "a").expect("pod").labels["app"], "api");
+        assert!(m.node("a").expect("a").labels.is_empty());
+
+        // Updates: upserts, then removals.
+        m.update_pods("a", &[wire_pod("u5", "ns1", "b", &[])], &["u3".into()]);
+        assert_eq!(keys(m.pods(Some("ns1"))), [key("ns1", "b")]);
+        assert!(m.remove_node("b"));
+        assert!(!m.remove_node("b"));
+        assert_eq!(m.node_names(), ["a"]);
+        assert_eq!(keys(m.pods(None)), [key("ns1", "b")]);
+    }
+
+    #[test]
+    fn the_most_recent_report_wins_and_removals_take_only_their_own_claim() {
+        let m = StreamMetadata::new();
+        let owner = |m: &StreamMetadata| m.pod("ns", "web").map(|p| p.labels["on"].clone());
+        // The pod moved from a to b: b reported it last.
+        m.replace_pods("a", &[wire_pod("u1", "ns", "web", &[("on", "a")])]);
+        m.replace_pods("b", &[wire_pod("u2", "ns", "web", &[("on", "b")])]);
+        assert_eq!(owner(&m).as_deref(), Some("b"));
+        assert_eq!(m.pods(None).len(), 1, "one name, listed once");
+        // a notices late: its removal does not hide b's pod.
+        m.update_pods("a", &[], &["u1".into()]);
+        assert_eq!(owner(&m).as_deref(), Some("b"));
+        // An upsert is a report too.
+        m.update_pods("a", &[wire_pod("u1", "ns", "web", &[("on", "a")])], &[]);
+        assert_eq!(owner(&m).as_deref(), Some("a"));
+        // A Snapshot re-listing an unchanged pod is not a newer report.
+        m.replace_pods("b", &[wire_pod("u2", "ns", "web", &[("on", "b")])]);
+        assert_eq!(owner(&m).as_deref(), Some("a"));
+        // When the winner goes, the claim still standing is served again.
+        m.update_pods("a", &[], &["u1".into()]);
+        assert_eq!(owner(&m).as_deref(), Some("b"));
+        m.update_pods("a", &[wire_pod("u1", "ns", "web", &[("on", "a")])], &[]);
+        assert!(m.remove_node("a"));
+        assert_eq!(owner(&m).as_deref(), Some("b"));
+        // A removal of a uid the node does not have does nothing.
+        m.update_pods("b", &[], &["u1".into()]);
+        assert_eq!(owner(&m).as_deref(), Some("b"));
+        m.update_pods("b", &[], &["u2".into()]);
+        assert_eq!(owner(&m), None);
+        assert!(m.pods(None).is_empty());
     }
 }

@@ -9,6 +9,12 @@
 //! | `kpulse_aggregator_metric_freshness_seconds` | histogram (0.1 s … 60 s) | none |
 //! | `kpulse_aggregator_store_nodes`, `_pods`, `_containers` | gauge, read at scrape | none |
 //! | `kpulse_aggregator_store_newest_batch_age_seconds`, `_oldest_batch_age_seconds` | gauge, read at scrape; absent without nodes | none |
+//! | `kpulse_aggregator_ingest_streams` | gauge | none |
+//! | `kpulse_aggregator_ingest_messages_total` | counter | `type` (`hello`, `snapshot`, `update`) |
+//! | `kpulse_aggregator_ingest_received_bytes_total` | counter | none |
+//! | `kpulse_aggregator_ingest_rejected_total` | counter | `reason` ([`RejectReason`]) |
+//! | `kpulse_aggregator_ingest_unknown_uid_counters_dropped_total` | counter | none |
+//! | `kpulse_aggregator_ingest_sessions_replaced_total` | counter | none |
 //!
 //! # Requests
 //!
@@ -43,6 +49,14 @@
 //! `metrics_server_api_metric_freshness_seconds`: `now − timestamp` of every NodeMetrics and
 //! PodMetrics object served, observed through [`Store::observe_served`].
 //!
+//! # Agent streams
+//!
+//! [`IngestMetrics`] counts what the ingest port (`ingest.rs`) receives: streams open now,
+//! messages and bytes received over the network (the feed file is not counted), streams
+//! refused before they started, by a reason from a fixed set ([`RejectReason`], every one
+//! present from the start at 0), pod counters dropped because their uid was never
+//! announced, and sessions ended because a newer stream for the same node replaced them.
+//!
 //! # Access
 //!
 //! As metrics-server's, `/metrics` is not open: it is served after authentication and a
@@ -59,7 +73,7 @@ use prometheus_client::{
     metrics::{
         counter::Counter,
         family::{Family, MetricConstructor},
-        gauge::ConstGauge,
+        gauge::{ConstGauge, Gauge},
         histogram::Histogram,
     },
     registry::{Registry, Unit},
@@ -67,6 +81,7 @@ use prometheus_client::{
 
 use crate::{
     api::request::RequestInfo,
+    ingest::RejectReason,
     store::{Clock, Store},
 };
 
@@ -303,6 +318,12 @@ impl SelfMetrics {
         self
     }
 
+    /// Adds the agent-stream metrics `ingest` updates.
+    pub fn with_ingest(mut self, ingest: &IngestMetrics) -> SelfMetrics {
+        ingest.register(&mut self.registry);
+        self
+    }
+
     /// Counts one answered request and observes its latency.
     pub fn record(&self, kind: &RequestKind, code: http::StatusCode, elapsed: Duration) {
         self.requests
@@ -327,6 +348,159 @@ impl SelfMetrics {
         let mut out = String::new();
         prometheus_text::encode(&mut out, &self.registry).map_err(Error::Encode)?;
         Ok(out)
+    }
+}
+
+/// The label of `kpulse_aggregator_ingest_rejected_total`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// The label of `kpulse_aggregator_ingest_messages_total`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TypeLabel {
+    r#type: &'static str,
+}
+
+/// The agent-stream metrics (see the module docs). Cheap to clone: clones share the
+/// counters.
+#[derive(Clone, Debug, Default)]
+pub struct IngestMetrics {
+    streams: Gauge,
+    messages: Family<TypeLabel, Counter>,
+    bytes: Counter,
+    rejected: Family<ReasonLabel, Counter>,
+    unknown_uids: Counter,
+    replaced: Counter,
+}
+
+impl IngestMetrics {
+    /// Zeroed counters; every rejection reason and message type is present at 0.
+    pub fn new() -> IngestMetrics {
+        let m = IngestMetrics::default();
+        for reason in RejectReason::ALL {
+            // Present at 0 from the start.
+            let _ = m.rejected.get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            });
+        }
+        for t in ["hello", "snapshot", "update"] {
+            let _ = m.messages.get_or_create(&TypeLabel { r#type: t });
+        }
+        m
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "kpulse_aggregator_ingest_streams",
+            "Agent streams open",
+            self.streams.clone(),
+        );
+        registry.register(
+            "kpulse_aggregator_ingest_messages",
+            "Messages received on agent streams, by type",
+            self.messages.clone(),
+        );
+        registry.register_with_unit(
+            "kpulse_aggregator_ingest_received",
+            "Bytes of agent stream bodies received",
+            Unit::Bytes,
+            self.bytes.clone(),
+        );
+        registry.register(
+            "kpulse_aggregator_ingest_rejected",
+            "Agent streams refused before they started, by reason",
+            self.rejected.clone(),
+        );
+        registry.register(
+            "kpulse_aggregator_ingest_unknown_uid_counters_dropped",
+            "Pod counters dropped because their pod uid was not announced on the stream",
+            self.unknown_uids.clone(),
+        );
+        registry.register(
+            "kpulse_aggregator_ingest_sessions_replaced",
+            "Agent sessions ended because a newer stream for the same node replaced them",
+            self.replaced.clone(),
+        );
+    }
+
+    /// A stream was accepted; it counts as open until the guard is dropped.
+    pub fn stream_opened(&self) -> OpenStream {
+        self.streams.inc();
+        OpenStream(self.streams.clone())
+    }
+
+    /// Streams open now.
+    pub fn streams_open(&self) -> i64 {
+        self.streams.get()
+    }
+
+    /// One message received over the network.
+    pub fn message(&self, message: &kpulse_wire::stream::AgentMessage) {
+        use kpulse_wire::stream::AgentMessage;
+        let t = match message {
+            AgentMessage::Hello(_) => "hello",
+            AgentMessage::Snapshot(_) => "snapshot",
+            AgentMessage::Update(_) => "update",
+        };
+        self.messages.get_or_create(&TypeLabel { r#type: t }).inc();
+    }
+
+    /// Body bytes received.
+    pub fn received_bytes(&self, n: usize) {
+        self.bytes.inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+    }
+
+    /// A stream refused before it started.
+    pub fn rejected(&self, reason: RejectReason) {
+        self.rejected
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .inc();
+    }
+
+    /// Refusals so far for `reason`.
+    pub fn rejected_count(&self, reason: RejectReason) -> u64 {
+        self.rejected
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .get()
+    }
+
+    /// Pod counters dropped for an unknown uid.
+    pub fn unknown_uids(&self, n: usize) {
+        if n > 0 {
+            self.unknown_uids
+                .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+        }
+    }
+
+    /// Pod counters dropped so far for an unknown uid.
+    pub fn unknown_uid_count(&self) -> u64 {
+        self.unknown_uids.get()
+    }
+
+    /// A session replaced by a newer stream for its node.
+    pub fn replaced(&self) {
+        self.replaced.inc();
+    }
+
+    /// Sessions replaced so far.
+    pub fn replaced_count(&self) -> u64 {
+        self.replaced.get()
+    }
+}
+
+/// One open stream in `kpulse_aggregator_ingest_streams`, until dropped.
+#[derive(Debug)]
+pub struct OpenStream(Gauge);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -94,7 +94,9 @@ pub fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     r
 }
 
-/// Accepts connections on `listener` until `shutdown` resolves, then drains.
+/// Accepts connections on `listener` until `shutdown` resolves, then drains. Request
+/// bodies are read whole, within [`Limits::max_body_bytes`] and [`Limits::body_timeout`],
+/// before `handler` sees them.
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -102,6 +104,47 @@ pub async fn serve<H: Handler>(
     limits: Limits,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
+    let body_limits = limits.clone();
+    let handle = move |req: Request<Incoming>, peer: Peer| {
+        let handler = handler.clone();
+        let limits = body_limits.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let read = tokio::time::timeout(
+                limits.body_timeout,
+                Limited::new(body, limits.max_body_bytes).collect(),
+            )
+            .await;
+            let body = match read {
+                Ok(Ok(c)) => c.to_bytes(),
+                Ok(Err(_)) => {
+                    return text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n")
+                }
+                Err(_) => return text(StatusCode::REQUEST_TIMEOUT, "request body timed out\n"),
+            };
+            handler
+                .handle(Request::from_parts(parts, body), &peer)
+                .await
+        }
+    };
+    serve_connections(listener, tls, limits, shutdown, handle).await;
+}
+
+/// Accepts connections on `listener` until `shutdown` resolves, then drains (for at most
+/// [`Limits::drain_timeout`]). Each request goes to `handle` with its body unread, so
+/// that a streaming endpoint (the agents' ingest port) reads it as it comes; `handle`
+/// bounds what it reads. [`Limits::max_body_bytes`] and [`Limits::body_timeout`] are not
+/// applied here.
+pub async fn serve_connections<F, Fut>(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()>,
+    handle: F,
+) where
+    F: Fn(Request<Incoming>, Peer) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
+{
     let acceptor = TlsAcceptor::from(tls);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
@@ -135,24 +178,23 @@ pub async fn serve<H: Handler>(
             },
         };
         let acceptor = acceptor.clone();
-        let handler = handler.clone();
+        let handle = handle.clone();
         let builder = builder.clone();
         let watcher = graceful.watcher();
-        let limits = limits.clone();
+        let handshake_timeout = limits.handshake_timeout;
         tokio::spawn(async move {
             let _permit = permit;
-            let tls =
-                match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%addr, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%addr, "TLS handshake timed out");
-                        return;
-                    }
-                };
+            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%addr, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%addr, "TLS handshake timed out");
+                    return;
+                }
+            };
             let certs =
                 tls.get_ref().1.peer_certificates().map(|c| {
                     Arc::new(c.iter().map(|d| d.clone().into_owned()).collect::<Vec<_>>())
@@ -162,35 +204,8 @@ pub async fn serve<H: Handler>(
                 client_certs: certs,
             };
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let handler = handler.clone();
-                let peer = peer.clone();
-                let limits = limits.clone();
-                async move {
-                    let (parts, body) = req.into_parts();
-                    let read = tokio::time::timeout(
-                        limits.body_timeout,
-                        Limited::new(body, limits.max_body_bytes).collect(),
-                    )
-                    .await;
-                    let body = match read {
-                        Ok(Ok(c)) => c.to_bytes(),
-                        Ok(Err(_)) => {
-                            return Ok::<_, std::convert::Infallible>(text(
-                                StatusCode::PAYLOAD_TOO_LARGE,
-                                "request body too large\n",
-                            ))
-                        }
-                        Err(_) => {
-                            return Ok(text(
-                                StatusCode::REQUEST_TIMEOUT,
-                                "request body timed out\n",
-                            ))
-                        }
-                    };
-                    Ok(handler
-                        .handle(Request::from_parts(parts, body), &peer)
-                        .await)
-                }
+                let response = handle(req, peer.clone());
+                async move { Ok::<_, std::convert::Infallible>(response.await) }
             });
             let conn = builder.serve_connection(TokioIo::new(tls), service);
             if let Err(e) = watcher.watch(conn.into_owned()).await {

@@ -860,6 +860,12 @@ impl<C: Clock> Store<C> {
         }
     }
 
+    /// Whether the store holds anything for a node, fresh or waiting for housekeeping (the
+    /// ingest layer forgets a node's metadata once this is false and no agent streams it).
+    pub fn contains_node(&self, name: &str) -> bool {
+        self.nodes.shard(name).load().contains_key(name)
+    }
+
     /// Removes every node whose last batch was received more than `metric_expiry` ago, with
     /// its pods; returns how many. Ingest runs this by itself once per `metric_expiry`; call
     /// it on a timer too if batches may stop arriving altogether.

@@ -1,0 +1,895 @@
+//! The agents' port: the server side of the agent → aggregator stream
+//! ([`kpulse_wire::stream`]).
+//!
+//! A second HTTPS listener (`--ingest-port`, 8444), with the API port's serving
+//! certificate and TLS settings, HTTP/2 or HTTP/1.1 (ALPN), client certificates requested
+//! but optional. It serves one thing: `POST` [`STREAM_PATH`]. The request body is read as
+//! it arrives (hyper frames into a [`Decoder`], never collected whole); the response is a
+//! stream of [`ServerMessage`] frames: [`ServerMessage::Welcome`] once the stream is
+//! accepted, and a [`ServerMessage::Error`] before the server ends a stream it cannot
+//! continue (protocol error, replaced by a newer stream for the node, idle, shutdown).
+//!
+//! # Before the stream starts
+//!
+//! In this order, each refusal an HTTP error whose body is a [`ServerMessage::Error`] in
+//! JSON, counted in `kpulse_aggregator_ingest_rejected_total{reason}` ([`RejectReason`]):
+//!
+//! 1. path and method (404, 405); a server shutting down (503);
+//! 2. [`VERSION_HEADER`] present and of our major version (400 naming both versions);
+//! 3. a stream slot: at most `--max-agent-streams` requests at once (429);
+//! 4. credentials ([`Identity::authenticate`], 401; 503 when the Kubernetes API cannot
+//!    tell) — before any body is read, so that an unknown client cannot make the server
+//!    buffer anything;
+//! 5. the Hello, within [`HELLO_TIMEOUT`] (408) and [`MAX_HELLO_BYTES`] (400): its version
+//!    (400 naming both) and node name (400);
+//! 6. the identity against the Hello's node ([`Identity::authorize`], 403).
+//!
+//! # Identity: an agent reports its own node only
+//!
+//! - **Bearer token** (cluster mode): a TokenReview through [`TokenAuthenticator`] asking
+//!   for the audiences of `--agent-token-audience` (`kpulse`), cached for its TTL. The
+//!   user must be one of `--agent-service-accounts`, and the token must be bound to the
+//!   Hello's node: projected tokens of a pod carry the node in the user's extra
+//!   [`NODE_NAME_EXTRA`]. An unreachable API fails closed (503).
+//! - **Client certificate** (standalone mode): only with `--agent-client-ca-file`; the
+//!   chain must verify against it ([`CaBundle`]) and its CN must be the Hello's node.
+//!
+//! Tokens are never logged; a refusal logs the user, the node and the reason.
+//!
+//! # The stream
+//!
+//! An accepted stream gets a [`Lease`] on its node ([`Sessions::claim`]; a second stream
+//! for the node replaces the first) and applies every message through the session code
+//! ([`crate::session`]). It ends when the agent closes it, on a protocol error, when it is
+//! replaced, when no message arrived for [`Settings::idle_timeout`]
+//! (`max(3 × --metric-expiry, 30 s)`), or on shutdown. The node's data outlives the stream
+//! until `--metric-expiry` expires it.
+
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::{Frame, Incoming};
+use kpulse_wire::stream::{
+    self, AgentMessage, Decoder, Hello, ServerMessage, Version, CONTENT_TYPE, STREAM_PATH, VERSION,
+    VERSION_HEADER,
+};
+use rustls::pki_types::CertificateDer;
+use tokio::{
+    net::TcpListener,
+    sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore},
+};
+
+use crate::{
+    auth::{
+        delegated::{AuthnFailure, TokenAuthenticator},
+        x509::{self, CaBundle},
+    },
+    selfmetrics::{IngestMetrics, OpenStream},
+    serve::{self, Body, Peer},
+    session::{check_hello, HelloError, Lease, Replaced, SessionError, Sessions},
+    store::{Clock, SystemClock},
+};
+
+/// Default `--ingest-port`.
+pub const DEFAULT_PORT: u16 = 8444;
+/// Default `--agent-token-audience`.
+pub const DEFAULT_AUDIENCE: &str = "kpulse";
+/// Default `--agent-service-accounts`.
+pub const DEFAULT_AGENT_SERVICE_ACCOUNT: &str = "system:serviceaccount:kpulse-system:kpulse-agent";
+/// Default `--max-agent-streams`.
+pub const DEFAULT_MAX_STREAMS: usize = 10_000;
+/// The TokenReview user extra naming the node a pod-bound projected token belongs to.
+pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+/// Time allowed for the Hello to arrive.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// The shortest idle timeout ([`idle_timeout`]).
+pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The largest Hello frame: a node's name and labels.
+pub const MAX_HELLO_BYTES: usize = 64 << 10;
+/// Time allowed for the final [`ServerMessage::Error`] to leave before the request body is
+/// dropped.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Response frames queued per stream: the Welcome and one Error.
+const RESPONSE_FRAMES: usize = 2;
+/// Connections beyond `--max-agent-streams`, so that refusals (429) can still be told.
+const EXTRA_CONNECTIONS: usize = 64;
+
+/// A stream with no message for this long is closed: `max(3 × metric_expiry, 30 s)`.
+pub fn idle_timeout(metric_expiry: Duration) -> Duration {
+    metric_expiry.saturating_mul(3).max(MIN_IDLE_TIMEOUT)
+}
+
+/// Why a stream was refused before it started: the fixed label set of
+/// `kpulse_aggregator_ingest_rejected_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// Another path or method.
+    BadRequest,
+    /// [`VERSION_HEADER`] or the Hello's version missing, unreadable or of another major.
+    BadVersion,
+    /// The first message is not a readable Hello, or names no valid node.
+    BadHello,
+    /// No Hello within [`HELLO_TIMEOUT`].
+    HelloTimeout,
+    /// Neither a bearer token nor a client certificate.
+    NoCredentials,
+    /// A token or certificate that does not authenticate.
+    InvalidCredentials,
+    /// Authenticated, but not as an agent (`--agent-service-accounts`).
+    ForbiddenIdentity,
+    /// An agent's identity bound to another node than the Hello's, or to none.
+    WrongNode,
+    /// The Kubernetes API could not review the token.
+    AuthUnavailable,
+    /// `--max-agent-streams` reached.
+    TooManyStreams,
+    /// The server is shutting down.
+    ShuttingDown,
+}
+
+impl RejectReason {
+    /// Every reason.
+    pub const ALL: [RejectReason; 11] = [
+        RejectReason::BadRequest,
+        RejectReason::BadVersion,
+        RejectReason::BadHello,
+        RejectReason::HelloTimeout,
+        RejectReason::NoCredentials,
+        RejectReason::InvalidCredentials,
+        RejectReason::ForbiddenIdentity,
+        RejectReason::WrongNode,
+        RejectReason::AuthUnavailable,
+        RejectReason::TooManyStreams,
+        RejectReason::ShuttingDown,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::BadRequest => "bad_request",
+            RejectReason::BadVersion => "bad_version",
+            RejectReason::BadHello => "bad_hello",
+            RejectReason::HelloTimeout => "hello_timeout",
+            RejectReason::NoCredentials => "no_credentials",
+            RejectReason::InvalidCredentials => "invalid_credentials",
+            RejectReason::ForbiddenIdentity => "forbidden_identity",
+            RejectReason::WrongNode => "wrong_node",
+            RejectReason::AuthUnavailable => "auth_unavailable",
+            RejectReason::TooManyStreams => "too_many_streams",
+            RejectReason::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
+/// A refusal before the stream starts: the HTTP status, the counted reason and the
+/// sentence sent back (as a JSON [`ServerMessage::Error`]) and logged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// The counted reason.
+    pub reason: RejectReason,
+    /// For the agent's log.
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, reason: RejectReason, message: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// The HTTP response.
+    pub fn response(&self) -> Response<Body> {
+        let body = serde_json::to_vec(&ServerMessage::Error {
+            message: self.message.clone(),
+        })
+        .unwrap_or_default();
+        let mut r = Response::new(serve::full(body));
+        *r.status_mut() = self.status;
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        version_header(r.headers_mut());
+        r
+    }
+}
+
+fn version_header(headers: &mut HeaderMap) {
+    if let Ok(v) = HeaderValue::from_str(&VERSION.to_string()) {
+        headers.insert(VERSION_HEADER, v);
+    }
+}
+
+/// Stream limits.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Requests on the ingest port at once, streams included (`--max-agent-streams`).
+    pub max_streams: usize,
+    /// Time allowed for the Hello.
+    pub hello_timeout: Duration,
+    /// A stream with no message for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Settings {
+    /// `max_streams` and the timeouts that follow from `metric_expiry`.
+    pub fn new(max_streams: usize, metric_expiry: Duration) -> Settings {
+        Settings {
+            max_streams,
+            hello_timeout: HELLO_TIMEOUT,
+            idle_timeout: idle_timeout(metric_expiry),
+        }
+    }
+
+    /// The serving limits of the ingest port: one connection per agent, plus a few.
+    pub fn serve_limits(&self) -> serve::Limits {
+        serve::Limits {
+            max_connections: self.max_streams.saturating_add(EXTRA_CONNECTIONS),
+            ..serve::Limits::default()
+        }
+    }
+}
+
+/// What a request presents.
+pub enum Credentials {
+    /// `Authorization: Bearer <token>`.
+    Token(String),
+    /// An `Authorization` header that is not a bearer token.
+    Malformed,
+    /// A client certificate chain (unverified).
+    Certificates(Arc<Vec<CertificateDer<'static>>>),
+    /// Nothing.
+    None,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.write_str(match self {
+            Credentials::Token(_) => "Token(..)",
+            Credentials::Malformed => "Malformed",
+            Credentials::Certificates(_) => "Certificates(..)",
+            Credentials::None => "None",
+        })
+    }
+}
+
+impl Credentials {
+    /// A request's credentials: its bearer token if it has an `Authorization` header,
+    /// else the client certificate of its connection.
+    pub fn of<B>(req: &Request<B>, peer: &Peer) -> Credentials {
+        if let Some(value) = req.headers().get(header::AUTHORIZATION) {
+            let token = value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().split_once(' '))
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, t)| t.trim())
+                .filter(|t| !t.is_empty());
+            return match token {
+                Some(t) => Credentials::Token(t.to_string()),
+                None => Credentials::Malformed,
+            };
+        }
+        match &peer.client_certs {
+            Some(chain) if !chain.is_empty() => Credentials::Certificates(chain.clone()),
+            _ => Credentials::None,
+        }
+    }
+}
+
+/// How an agent authenticated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// A service account token.
+    Token,
+    /// A client certificate.
+    Certificate,
+}
+
+impl Via {
+    fn as_str(self) -> &'static str {
+        match self {
+            Via::Token => "token",
+            Via::Certificate => "certificate",
+        }
+    }
+}
+
+/// An authenticated client, before its Hello is known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Agent {
+    /// User name (a service account's, or the certificate's CN).
+    pub user: String,
+    /// The node the credentials are bound to: the token's [`NODE_NAME_EXTRA`], or the
+    /// certificate's CN.
+    pub bound_node: Option<String>,
+    /// How.
+    pub via: Via,
+}
+
+/// Who may stream which node (see the module docs).
+#[derive(Clone, Debug, Default)]
+pub struct Identity {
+    /// TokenReviews, configured with the agents' audiences; `None`: tokens are refused.
+    pub tokens: Option<Arc<TokenAuthenticator>>,
+    /// The audiences `tokens` asks for (for messages).
+    pub audiences: Vec<String>,
+    /// Users allowed to stream (`--agent-service-accounts`).
+    pub service_accounts: Vec<String>,
+    /// CA for agents' client certificates (`--agent-client-ca-file`); `None`: certificates
+    /// are refused.
+    pub client_ca: Option<CaBundle>,
+}
+
+impl Identity {
+    /// Who the credentials belong to.
+    ///
+    /// # Errors
+    ///
+    /// 401 for missing or invalid credentials (and for certificates without a CA), 503
+    /// when the Kubernetes API cannot review a token.
+    pub async fn authenticate(&self, credentials: &Credentials) -> Result<Agent, Refusal> {
+        let unauthorized =
+            |reason, message: String| Refusal::new(StatusCode::UNAUTHORIZED, reason, message);
+        match credentials {
+            Credentials::None => Err(unauthorized(
+                RejectReason::NoCredentials,
+                "no credentials: agents authenticate with a service account token \
+                 (Authorization: Bearer) or a client certificate"
+                    .into(),
+            )),
+            Credentials::Malformed => Err(unauthorized(
+                RejectReason::InvalidCredentials,
+                "the Authorization header is not \"Bearer <token>\"".into(),
+            )),
+            Credentials::Token(token) => {
+                let Some(tokens) = &self.tokens else {
+                    return Err(unauthorized(
+                        RejectReason::InvalidCredentials,
+                        "bearer tokens are not accepted: the server has no Kubernetes API to \
+                         review them"
+                            .into(),
+                    ));
+                };
+                match tokens.authenticate(token).await {
+                    Ok(Some(user)) => Ok(Agent {
+                        bound_node: user
+                            .extra
+                            .get(NODE_NAME_EXTRA)
+                            .and_then(|v| v.first())
+                            .cloned(),
+                        user: user.name,
+                        via: Via::Token,
+                    }),
+                    Ok(None) => Err(unauthorized(
+                        RejectReason::InvalidCredentials,
+                        format!(
+                            "the token is not valid (for audience {})",
+                            self.audiences.join(", ")
+                        ),
+                    )),
+                    Err(e @ AuthnFailure::Rejected { .. }) => Err(unauthorized(
+                        RejectReason::InvalidCredentials,
+                        e.to_string(),
+                    )),
+                    Err(e) => Err(Refusal::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        RejectReason::AuthUnavailable,
+                        format!(
+                            "cannot verify the token now ({e}); the Kubernetes API must answer \
+                             TokenReviews; retry later"
+                        ),
+                    )),
+                }
+            }
+            Credentials::Certificates(chain) => {
+                let Some(ca) = &self.client_ca else {
+                    return Err(unauthorized(
+                        RejectReason::InvalidCredentials,
+                        "client certificates are not accepted for agent streams (the server \
+                         has no --agent-client-ca-file); use a service account token"
+                            .into(),
+                    ));
+                };
+                if !ca.verifies(chain) {
+                    return Err(unauthorized(
+                        RejectReason::InvalidCredentials,
+                        "the client certificate does not verify against --agent-client-ca-file"
+                            .into(),
+                    ));
+                }
+                let user = chain
+                    .first()
+                    .ok_or(crate::auth::AuthnError::NoCommonName)
+                    .and_then(x509::identity)
+                    .map_err(|e| unauthorized(RejectReason::InvalidCredentials, e.to_string()))?;
+                Ok(Agent {
+                    bound_node: Some(user.name.clone()),
+                    user: user.name,
+                    via: Via::Certificate,
+                })
+            }
+        }
+    }
+
+    /// Whether `agent` may stream `node`.
+    ///
+    /// # Errors
+    ///
+    /// 403: not an agent's service account, a token not bound to a node, or bound (or a
+    /// certificate issued) to another node.
+    pub fn authorize(&self, agent: &Agent, node: &str) -> Result<(), Refusal> {
+        let forbidden =
+            |reason, message: String| Refusal::new(StatusCode::FORBIDDEN, reason, message);
+        if agent.via == Via::Token && !self.service_accounts.contains(&agent.user) {
+            return Err(forbidden(
+                RejectReason::ForbiddenIdentity,
+                format!(
+                    "user {:?} may not stream node metrics (agents are {})",
+                    agent.user,
+                    self.service_accounts.join(", ")
+                ),
+            ));
+        }
+        match (&agent.bound_node, agent.via) {
+            (Some(bound), _) if bound == node => Ok(()),
+            (Some(bound), Via::Token) => Err(forbidden(
+                RejectReason::WrongNode,
+                format!("token is bound to node {bound:?}, not {node:?}"),
+            )),
+            (Some(bound), Via::Certificate) => Err(forbidden(
+                RejectReason::WrongNode,
+                format!("client certificate is for {bound:?}, not node {node:?}"),
+            )),
+            (None, _) => Err(forbidden(
+                RejectReason::WrongNode,
+                format!(
+                    "the token of {:?} is not bound to a node: agents use their pod's projected \
+                     service account token, whose claims name the node",
+                    agent.user
+                ),
+            )),
+        }
+    }
+}
+
+/// The ingest endpoint: limits, identity, sessions and the shutdown signal.
+pub struct Ingest<C: Clock = SystemClock> {
+    sessions: Arc<Sessions<C>>,
+    identity: Identity,
+    settings: Settings,
+    slots: Arc<Semaphore>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl<C: Clock> std::fmt::Debug for Ingest<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ingest")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Clock + 'static> Ingest<C> {
+    /// An endpoint feeding `sessions`.
+    pub fn new(sessions: Arc<Sessions<C>>, identity: Identity, settings: Settings) -> Arc<Self> {
+        let (shutdown, _) = watch::channel(false);
+        Arc::new(Ingest {
+            slots: Arc::new(Semaphore::new(settings.max_streams)),
+            sessions,
+            identity,
+            settings,
+            shutdown,
+        })
+    }
+
+    /// The sessions streams feed.
+    pub fn sessions(&self) -> &Arc<Sessions<C>> {
+        &self.sessions
+    }
+
+    /// Ends every stream (with an Error saying so) and refuses new ones (503).
+    pub fn shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+
+    fn metrics(&self) -> &IngestMetrics {
+        &self.sessions.sink().metrics
+    }
+
+    /// Answers one request: a refusal, or a stream that goes on after the response
+    /// headers (its task reads `req`'s body).
+    pub async fn handle<B>(self: &Arc<Self>, req: Request<B>, peer: &Peer) -> Response<Body>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: std::fmt::Display,
+    {
+        match self.start(req, peer).await {
+            Ok(response) => response,
+            Err(refusal) => {
+                self.metrics().rejected(refusal.reason);
+                match refusal.reason {
+                    RejectReason::BadRequest
+                    | RejectReason::TooManyStreams
+                    | RejectReason::ShuttingDown
+                    | RejectReason::HelloTimeout => tracing::debug!(
+                        peer = %peer.addr,
+                        reason = refusal.reason.as_str(),
+                        message = %refusal.message,
+                        "agent stream refused"
+                    ),
+                    _ => tracing::warn!(
+                        peer = %peer.addr,
+                        reason = refusal.reason.as_str(),
+                        message = %refusal.message,
+                        "agent stream refused"
+                    ),
+                }
+                refusal.response()
+            }
+        }
+    }
+
+    async fn start<B>(
+        self: &Arc<Self>,
+        req: Request<B>,
+        peer: &Peer,
+    ) -> Result<Response<Body>, Refusal>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: std::fmt::Display,
+    {
+        if req.uri().path() != STREAM_PATH {
+            return Err(Refusal::new(
+                StatusCode::NOT_FOUND,
+                RejectReason::BadRequest,
+                format!("not found: this port serves agent streams at POST {STREAM_PATH}"),
+            ));
+        }
+        if req.method() != Method::POST {
+            return Err(Refusal::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                RejectReason::BadRequest,
+                format!("{STREAM_PATH} takes POST only"),
+            ));
+        }
+        self.check_running()?;
+        check_version_header(req.headers())?;
+        let permit = self.slots.clone().try_acquire_owned().map_err(|_| {
+            Refusal::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                RejectReason::TooManyStreams,
+                format!(
+                    "too many agent streams (at most {}, --max-agent-streams); retry later",
+                    self.settings.max_streams
+                ),
+            )
+        })?;
+        let agent = {
+            let credentials = Credentials::of(&req, peer);
+            self.identity.authenticate(&credentials).await?
+        };
+        let mut body = req.into_body();
+        let mut decoder = Decoder::new();
+        let hello = tokio::time::timeout(
+            self.settings.hello_timeout,
+            read_hello(&mut body, &mut decoder, self.metrics()),
+        )
+        .await
+        .map_err(|_| {
+            Refusal::new(
+                StatusCode::REQUEST_TIMEOUT,
+                RejectReason::HelloTimeout,
+                format!(
+                    "no Hello within {}s of the request",
+                    self.settings.hello_timeout.as_secs()
+                ),
+            )
+        })??;
+        check_hello(&hello).map_err(|e| {
+            let reason = match e {
+                HelloError::Version(_) => RejectReason::BadVersion,
+                HelloError::NodeName { .. } => RejectReason::BadHello,
+            };
+            Refusal::new(StatusCode::BAD_REQUEST, reason, e.to_string())
+        })?;
+        if let Err(mut refusal) = self.identity.authorize(&agent, &hello.node_name) {
+            refusal.message = format!("{} (user {:?})", refusal.message, agent.user);
+            return Err(refusal);
+        }
+        self.check_running()?;
+
+        let (lease, replaced) = self.sessions.claim(&hello);
+        tracing::info!(
+            node = %hello.node_name,
+            user = %agent.user,
+            via = agent.via.as_str(),
+            agent = %hello.agent,
+            version = %hello.version,
+            peer = %peer.addr,
+            "agent stream accepted"
+        );
+        let (tx, rx) = mpsc::channel(RESPONSE_FRAMES);
+        if let Ok(frame) = stream::encode(&ServerMessage::Welcome { version: VERSION }) {
+            let _ = tx.try_send(Outgoing {
+                frame: frame.into(),
+                last: false,
+            });
+        }
+        let open = self.metrics().stream_opened();
+        tokio::spawn(self.clone().run(
+            Stream {
+                lease,
+                replaced,
+                decoder,
+                tx,
+                _permit: permit,
+                _open: open,
+                peer: peer.addr,
+            },
+            body,
+        ));
+        let mut response = Response::new(ServerBody { rx, done: false }.boxed());
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+        version_header(response.headers_mut());
+        Ok(response)
+    }
+
+    fn check_running(&self) -> Result<(), Refusal> {
+        if *self.shutdown.borrow() {
+            Err(Refusal::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                RejectReason::ShuttingDown,
+                "the server is shutting down; reconnect to another replica or retry",
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// One accepted stream, until it ends.
+    async fn run<B>(self: Arc<Self>, mut s: Stream<C>, mut body: B)
+    where
+        B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: std::fmt::Display,
+    {
+        let metrics = self.metrics().clone();
+        let node = s.lease.node().to_string();
+        let idle_for = self.settings.idle_timeout;
+        let mut shutdown = self.shutdown.subscribe();
+        let idle = tokio::time::sleep(idle_for);
+        tokio::pin!(idle);
+        let end: Option<String> = 'stream: loop {
+            // Every message buffered (after the Hello, or from the last chunk).
+            loop {
+                match s.decoder.next_message::<AgentMessage>() {
+                    Ok(None) => break,
+                    Ok(Some(message)) => {
+                        metrics.message(&message);
+                        idle.as_mut().reset(tokio::time::Instant::now() + idle_for);
+                        if let Err(e) = s.lease.apply(message) {
+                            break 'stream Some(e.to_string());
+                        }
+                    }
+                    Err(e) => break 'stream Some(e.to_string()),
+                }
+            }
+            tokio::select! {
+                () = &mut s.replaced => {
+                    break Some(SessionError::Replaced { node: node.clone() }.to_string());
+                }
+                _ = shutdown.wait_for(|stop| *stop) => {
+                    break Some("the server is shutting down; reconnect".into());
+                }
+                () = &mut idle => {
+                    break Some(format!("no message for {}s; closing the stream", idle_for.as_secs()));
+                }
+                () = s.tx.closed() => break None,
+                frame = body.frame() => match frame {
+                    None => {
+                        if let Err(e) = s.decoder.finish() {
+                            tracing::debug!(%node, error = %e, "agent stream ended inside a frame");
+                        }
+                        break None;
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!(%node, error = %e, "agent stream broken");
+                        break None;
+                    }
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            metrics.received_bytes(data.len());
+                            s.decoder.push(&data);
+                        }
+                    }
+                },
+            }
+        };
+        match end {
+            None => tracing::info!(%node, peer = %s.peer, "agent stream ended"),
+            Some(message) => {
+                tracing::info!(%node, peer = %s.peer, reason = %message, "ending agent stream");
+                if let Ok(frame) = stream::encode(&ServerMessage::Error { message }) {
+                    let sent = s.tx.try_send(Outgoing {
+                        frame: frame.into(),
+                        last: true,
+                    });
+                    if sent.is_ok() {
+                        // Keep the request open until the Error has left: dropping it first
+                        // could reset the stream before the agent reads why.
+                        let _ = tokio::time::timeout(FLUSH_TIMEOUT, s.tx.closed()).await;
+                    }
+                }
+            }
+        }
+        drop(body);
+    }
+}
+
+/// What an accepted stream holds until it ends.
+struct Stream<C: Clock> {
+    lease: Lease<C>,
+    replaced: Replaced,
+    decoder: Decoder,
+    tx: mpsc::Sender<Outgoing>,
+    _permit: OwnedSemaphorePermit,
+    _open: OpenStream,
+    peer: SocketAddr,
+}
+
+/// [`VERSION_HEADER`] is there and names our major version.
+fn check_version_header(headers: &HeaderMap) -> Result<(), Refusal> {
+    let bad =
+        |message: String| Refusal::new(StatusCode::BAD_REQUEST, RejectReason::BadVersion, message);
+    let value = headers.get(VERSION_HEADER).ok_or_else(|| {
+        bad(format!(
+            "no {VERSION_HEADER} header: the agent must say which wire protocol it speaks \
+             (this server speaks {VERSION})"
+        ))
+    })?;
+    let theirs: Version = value
+        .to_str()
+        .map_err(|_| stream::Error::BadVersion {
+            text: String::from_utf8_lossy(value.as_bytes())
+                .chars()
+                .take(32)
+                .collect(),
+        })
+        .and_then(str::parse)
+        .map_err(|e| {
+            bad(format!(
+                "{VERSION_HEADER}: {e} (this server speaks {VERSION})"
+            ))
+        })?;
+    Version::check(theirs).map_err(|e| bad(e.to_string()))
+}
+
+/// Reads up to the Hello, leaving what follows it in `decoder`.
+async fn read_hello<B>(
+    body: &mut B,
+    decoder: &mut Decoder,
+    metrics: &IngestMetrics,
+) -> Result<Hello, Refusal>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let bad =
+        |message: String| Refusal::new(StatusCode::BAD_REQUEST, RejectReason::BadHello, message);
+    loop {
+        match decoder.next_message::<AgentMessage>() {
+            Ok(Some(AgentMessage::Hello(hello))) => {
+                metrics.message(&AgentMessage::Hello(hello.clone()));
+                return Ok(hello);
+            }
+            Ok(Some(other)) => {
+                metrics.message(&other);
+                let kind = match other {
+                    AgentMessage::Hello(_) => "Hello",
+                    AgentMessage::Snapshot(_) => "Snapshot",
+                    AgentMessage::Update(_) => "Update",
+                };
+                return Err(bad(format!(
+                    "the first message must be a Hello, not a {kind}"
+                )));
+            }
+            Err(e) => return Err(bad(format!("cannot read the Hello: {e}"))),
+            Ok(None) if decoder.pending() > MAX_HELLO_BYTES => {
+                return Err(bad(format!("the Hello is over {MAX_HELLO_BYTES} bytes")))
+            }
+            Ok(None) => {}
+        }
+        match body.frame().await {
+            None => return Err(bad("the stream ended before its Hello".into())),
+            Some(Err(e)) => return Err(bad(format!("reading the request body: {e}"))),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    metrics.received_bytes(data.len());
+                    decoder.push(&data);
+                }
+            }
+        }
+    }
+}
+
+/// One response frame; the last one ends the body.
+struct Outgoing {
+    frame: Bytes,
+    last: bool,
+}
+
+/// The response body: the Welcome, then an Error when the server ends the stream.
+struct ServerBody {
+    rx: mpsc::Receiver<Outgoing>,
+    done: bool,
+}
+
+impl hyper::body::Body for ServerBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(out)) => {
+                self.done = out.last;
+                Poll::Ready(Some(Ok(Frame::data(out.frame))))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
+/// Serves the ingest port until `shutdown` resolves; then ends every stream and drains.
+pub async fn serve<C: Clock + 'static>(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    ingest: Arc<Ingest<C>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let limits = ingest.settings.serve_limits();
+    let stopping = ingest.clone();
+    let handle = move |req: Request<Incoming>, peer: Peer| {
+        let ingest = ingest.clone();
+        async move { ingest.handle(req, &peer).await }
+    };
+    serve::serve_connections(
+        listener,
+        tls,
+        limits,
+        async move {
+            shutdown.await;
+            // Streams never end by themselves: end them so that the drain can finish.
+            stopping.shutdown();
+        },
+        handle,
+    )
+    .await;
+}

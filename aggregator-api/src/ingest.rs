@@ -530,13 +530,13 @@ impl<C: Clock + 'static> Ingest<C> {
                     | RejectReason::HelloTimeout => tracing::debug!(
                         peer = %peer.addr,
                         reason = refusal.reason.as_str(),
-                        message = %refusal.message,
+                        detail = %refusal.message,
                         "agent stream refused"
                     ),
                     _ => tracing::warn!(
                         peer = %peer.addr,
                         reason = refusal.reason.as_str(),
-                        message = %refusal.message,
+                        detail = %refusal.message,
                         "agent stream refused"
                     ),
                 }
@@ -596,8 +596,8 @@ impl<C: Clock + 'static> Ingest<C> {
                 StatusCode::REQUEST_TIMEOUT,
                 RejectReason::HelloTimeout,
                 format!(
-                    "no Hello within {}s of the request",
-                    self.settings.hello_timeout.as_secs()
+                    "no Hello within {:?} of the request",
+                    self.settings.hello_timeout
                 ),
             )
         })??;
@@ -699,7 +699,7 @@ impl<C: Clock + 'static> Ingest<C> {
                     break Some("the server is shutting down; reconnect".into());
                 }
                 () = &mut idle => {
-                    break Some(format!("no message for {}s; closing the stream", idle_for.as_secs()));
+                    break Some(format!("no message for {idle_for:?}; closing the stream"));
                 }
                 () = s.tx.closed() => break None,
                 frame = body.frame() => match frame {
@@ -892,4 +892,518 @@ pub async fn serve<C: Clock + 'static>(
         handle,
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use kpulse_wire::{
+        stream::{PodCounters, PodMeta, Snapshot, Update},
+        Bytes as WireBytes, ContainerSample, CpuNanos, NodeSample, UnixNanos,
+    };
+    use serde_json::json;
+
+    use super::*;
+    use crate::{
+        auth::{
+            delegated::{testing::FakeApi, TokenConfig},
+            x509::testing::TestCa,
+        },
+        metadata::{MetadataSource, StreamMetadata},
+        store::{Store, StoreConfig},
+    };
+
+    /// Tokens: `node-a-token` is the agent's, bound to node-a; `unbound-token` the agent's
+    /// without a node; `default-token` another service account's, bound to node-a.
+    /// Authenticated only when the review asks for audience `kpulse`.
+    async fn token_api() -> FakeApi {
+        FakeApi::start(|_, spec| {
+            let kpulse = spec["audiences"] == json!(["kpulse"]);
+            let status = match spec["token"].as_str().unwrap_or("") {
+                "node-a-token" if kpulse => json!({"authenticated": true, "user": {
+                    "username": DEFAULT_AGENT_SERVICE_ACCOUNT,
+                    "extra": {NODE_NAME_EXTRA: ["node-a"]}}}),
+                "unbound-token" if kpulse => json!({"authenticated": true, "user": {
+                    "username": DEFAULT_AGENT_SERVICE_ACCOUNT}}),
+                "default-token" if kpulse => json!({"authenticated": true, "user": {
+                    "username": "system:serviceaccount:default:default",
+                    "extra": {NODE_NAME_EXTRA: ["node-a"]}}}),
+                _ => json!({"authenticated": false}),
+            };
+            (201, status)
+        })
+        .await
+    }
+
+    fn identity(api: &FakeApi, ca: Option<&TestCa>) -> Identity {
+        let tokens = TokenAuthenticator::new(
+            api.client(),
+            TokenConfig {
+                audiences: vec![DEFAULT_AUDIENCE.into()],
+                timeout: Duration::from_secs(2),
+                ..TokenConfig::default()
+            },
+        )
+        .expect("authenticator");
+        Identity {
+            tokens: Some(Arc::new(tokens)),
+            audiences: vec![DEFAULT_AUDIENCE.into()],
+            service_accounts: vec![DEFAULT_AGENT_SERVICE_ACCOUNT.into()],
+            client_ca: ca.map(|ca| CaBundle::from_pem(&ca.pem, "test").expect("ca")),
+        }
+    }
+
+    fn token(t: &str) -> Credentials {
+        Credentials::Token(t.into())
+    }
+
+    #[tokio::test]
+    async fn identity_decisions() {
+        let mut api = token_api().await;
+        let ca = TestCa::new("agents");
+        let id = identity(&api, Some(&ca));
+
+        let agent = id
+            .authenticate(&token("node-a-token"))
+            .await
+            .expect("agent");
+        assert_eq!(agent.bound_node.as_deref(), Some("node-a"));
+        id.authorize(&agent, "node-a").expect("its own node");
+        let e = id.authorize(&agent, "node-b").expect_err("another node");
+        assert_eq!(
+            (e.status, e.reason, e.message.as_str()),
+            (
+                StatusCode::FORBIDDEN,
+                RejectReason::WrongNode,
+                r#"token is bound to node "node-a", not "node-b""#
+            )
+        );
+        // The review asked for the agents' audience.
+        let specs = api.specs().await;
+        assert_eq!(specs[0].1["audiences"], json!(["kpulse"]));
+
+        let other = id
+            .authenticate(&token("default-token"))
+            .await
+            .expect("user");
+        let e = id.authorize(&other, "node-a").expect_err("not an agent");
+        assert_eq!(
+            (e.status, e.reason),
+            (StatusCode::FORBIDDEN, RejectReason::ForbiddenIdentity)
+        );
+        assert!(
+            e.message.contains("system:serviceaccount:default:default"),
+            "{}",
+            e.message
+        );
+        let unbound = id
+            .authenticate(&token("unbound-token"))
+            .await
+            .expect("user");
+        let e = id.authorize(&unbound, "node-a").expect_err("no node");
+        assert_eq!(e.reason, RejectReason::WrongNode);
+        assert!(e.message.contains("not bound to a node"), "{}", e.message);
+
+        for (credentials, reason) in [
+            (token("wrong"), RejectReason::InvalidCredentials),
+            (Credentials::Malformed, RejectReason::InvalidCredentials),
+            (Credentials::None, RejectReason::NoCredentials),
+        ] {
+            let e = id.authenticate(&credentials).await.expect_err("refused");
+            assert_eq!((e.status, e.reason), (StatusCode::UNAUTHORIZED, reason));
+        }
+
+        // Certificates: CN = node, from the agents' CA only.
+        let chain = |c: rustls::pki_types::CertificateDer<'static>| {
+            Credentials::Certificates(Arc::new(vec![c]))
+        };
+        let agent = id
+            .authenticate(&chain(ca.client("node-a", &[])))
+            .await
+            .expect("certificate");
+        assert_eq!(agent.via, Via::Certificate);
+        id.authorize(&agent, "node-a").expect("its own node");
+        let e = id.authorize(&agent, "node-b").expect_err("CN mismatch");
+        assert_eq!(
+            (e.status, e.reason, e.message.as_str()),
+            (
+                StatusCode::FORBIDDEN,
+                RejectReason::WrongNode,
+                r#"client certificate is for "node-a", not node "node-b""#
+            )
+        );
+        let stranger = TestCa::new("stranger");
+        let e = id
+            .authenticate(&chain(stranger.client("node-a", &[])))
+            .await
+            .expect_err("other CA");
+        assert_eq!(e.status, StatusCode::UNAUTHORIZED);
+        let no_ca = identity(&api, None);
+        let e = no_ca
+            .authenticate(&chain(ca.client("node-a", &[])))
+            .await
+            .expect_err("certificates not accepted");
+        assert_eq!(e.status, StatusCode::UNAUTHORIZED);
+        assert!(
+            e.message.contains("--agent-client-ca-file"),
+            "{}",
+            e.message
+        );
+
+        // The Kubernetes API gone: fail closed, and say so.
+        api.stop().await;
+        let e = id
+            .authenticate(&token("fresh-token"))
+            .await
+            .expect_err("no API");
+        assert_eq!(
+            (e.status, e.reason),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                RejectReason::AuthUnavailable
+            )
+        );
+    }
+
+    /// A request body fed by the test.
+    struct ChannelBody(mpsc::Receiver<Bytes>);
+
+    impl hyper::body::Body for ChannelBody {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    struct Fixture {
+        api: FakeApi,
+        ingest: Arc<Ingest>,
+        metadata: Arc<StreamMetadata>,
+    }
+
+    async fn fixture(settings: Settings) -> Fixture {
+        let api = token_api().await;
+        let metadata = StreamMetadata::new();
+        let store = Arc::new(Store::new(StoreConfig::new(Duration::from_secs(10))).expect("store"));
+        let sessions = Sessions::new(store, metadata.clone(), IngestMetrics::new());
+        let ingest = Ingest::new(sessions, identity(&api, None), settings);
+        Fixture {
+            api,
+            ingest,
+            metadata,
+        }
+    }
+
+    fn peer() -> Peer {
+        Peer {
+            addr: SocketAddr::from(([127, 0, 0, 1], 1)),
+            client_certs: None,
+        }
+    }
+
+    fn hello(node: &str) -> AgentMessage {
+        AgentMessage::Hello(Hello {
+            version: VERSION,
+            node_name: node.into(),
+            node_labels: BTreeMap::from([("zone".into(), "z1".into())]),
+            agent: "test".into(),
+        })
+    }
+
+    fn frame(m: &AgentMessage) -> Bytes {
+        stream::encode(m).expect("encode").into()
+    }
+
+    fn now() -> u64 {
+        UnixNanos::from_system_time(std::time::SystemTime::now()).0
+    }
+
+    fn node_sample(t: u64) -> NodeSample {
+        NodeSample {
+            timestamp: UnixNanos(t),
+            started_at: None,
+            cpu: CpuNanos(t / 1000),
+            memory_working_set: WireBytes(1 << 30),
+        }
+    }
+
+    fn counters(uid: &str, t: u64) -> PodCounters {
+        PodCounters {
+            uid: uid.into(),
+            containers: vec![ContainerSample {
+                name: "app".into(),
+                timestamp: UnixNanos(t),
+                cgroup_id: None,
+                started_at: None,
+                cpu: CpuNanos(t / 1000),
+                memory_working_set: WireBytes(1 << 20),
+            }],
+        }
+    }
+
+    fn pod(uid: &str, name: &str) -> PodMeta {
+        PodMeta {
+            uid: uid.into(),
+            namespace: "demo".into(),
+            name: name.into(),
+            labels: BTreeMap::new(),
+        }
+    }
+
+    /// Starts a request; the sender feeds its body.
+    async fn open(
+        f: &Fixture,
+        path: &str,
+        version: Option<&str>,
+        token: Option<&str>,
+        first: &[AgentMessage],
+    ) -> (Response<Body>, mpsc::Sender<Bytes>) {
+        let (tx, rx) = mpsc::channel(16);
+        for m in first {
+            tx.send(frame(m)).await.expect("queue");
+        }
+        let mut req = Request::post(path);
+        if let Some(v) = version {
+            req = req.header(VERSION_HEADER, v);
+        }
+        if let Some(t) = token {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let req = req.body(ChannelBody(rx)).expect("request");
+        (f.ingest.handle(req, &peer()).await, tx)
+    }
+
+    async fn error_of(response: Response<Body>) -> (StatusCode, String) {
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        match serde_json::from_slice(&body).expect("a ServerMessage") {
+            ServerMessage::Error { message } => (status, message),
+            other => panic!("not an error: {other:?}"),
+        }
+    }
+
+    /// The next ServerMessage of a stream, or `None` at its end.
+    async fn next(body: &mut Body, decoder: &mut Decoder) -> Option<ServerMessage> {
+        loop {
+            if let Some(m) = decoder.next_message().expect("decode") {
+                return Some(m);
+            }
+            let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+                .await
+                .expect("a frame in time")?
+                .expect("frame");
+            if let Ok(data) = frame.into_data() {
+                decoder.push(&data);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn refusals_before_the_stream() {
+        let f = fixture(Settings {
+            hello_timeout: Duration::from_millis(200),
+            ..Settings::new(10, Duration::from_secs(10))
+        })
+        .await;
+        let v = Some("1.0");
+        let t = Some("node-a-token");
+        let (r, _) = open(&f, STREAM_PATH, None, t, &[hello("node-a")]).await;
+        let (code, message) = error_of(r).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST);
+        assert!(
+            message.contains("kpulse-wire-version") && message.contains("1.0"),
+            "{message}"
+        );
+        let (r, _) = open(&f, STREAM_PATH, Some("2.0"), t, &[hello("node-a")]).await;
+        let (code, message) = error_of(r).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST);
+        assert!(
+            message.contains("2.0") && message.contains("1.0"),
+            "{message}"
+        );
+        // The Hello's own version is checked too.
+        let mut h = hello("node-a");
+        if let AgentMessage::Hello(h) = &mut h {
+            h.version = Version { major: 3, minor: 1 };
+        }
+        let (r, _) = open(&f, STREAM_PATH, v, t, &[h]).await;
+        let (code, message) = error_of(r).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST);
+        assert!(
+            message.contains("3.1") && message.contains("1.0"),
+            "{message}"
+        );
+        // A Snapshot first, a bad node name.
+        let snapshot = AgentMessage::Snapshot(Snapshot {
+            sent_at: UnixNanos(1),
+            node: node_sample(1),
+            pods: vec![],
+            counters: vec![],
+        });
+        let (r, _) = open(&f, STREAM_PATH, v, t, &[snapshot]).await;
+        assert_eq!(error_of(r).await.0, StatusCode::BAD_REQUEST);
+        let (r, _) = open(&f, STREAM_PATH, v, t, &[hello("Node_A")]).await;
+        assert_eq!(error_of(r).await.0, StatusCode::BAD_REQUEST);
+        // Identity.
+        let (r, _) = open(&f, STREAM_PATH, v, None, &[hello("node-a")]).await;
+        assert_eq!(error_of(r).await.0, StatusCode::UNAUTHORIZED);
+        let (r, _) = open(&f, STREAM_PATH, v, t, &[hello("node-b")]).await;
+        let (code, message) = error_of(r).await;
+        assert_eq!(code, StatusCode::FORBIDDEN);
+        assert!(
+            message.contains(r#"token is bound to node "node-a", not "node-b""#),
+            "{message}"
+        );
+        // No Hello in time.
+        let (r, _keep_open) = open(&f, STREAM_PATH, v, t, &[]).await;
+        assert_eq!(error_of(r).await.0, StatusCode::REQUEST_TIMEOUT);
+        // Another path or method.
+        let (r, _) = open(&f, "/other", v, t, &[]).await;
+        assert_eq!(error_of(r).await.0, StatusCode::NOT_FOUND);
+        let m = &f.ingest.sessions().sink().metrics;
+        for (reason, n) in [
+            (RejectReason::BadVersion, 3),
+            (RejectReason::BadHello, 2),
+            (RejectReason::NoCredentials, 1),
+            (RejectReason::WrongNode, 1),
+            (RejectReason::HelloTimeout, 1),
+            (RejectReason::BadRequest, 1),
+        ] {
+            assert_eq!(m.rejected_count(reason), n, "{reason:?}");
+        }
+        assert!(f.metadata.nodes().is_empty(), "nothing was claimed");
+        assert_eq!(f.api.token_reviews(), 1, "reviews are cached");
+    }
+
+    #[tokio::test]
+    async fn streams_feed_sessions_and_end_with_a_reason() {
+        let f = fixture(Settings::new(2, Duration::from_secs(10))).await;
+        let v = Some("1.0");
+        let t = Some("node-a-token");
+        let t0 = now();
+        let snapshot = AgentMessage::Snapshot(Snapshot {
+            sent_at: UnixNanos(t0),
+            node: node_sample(t0),
+            pods: vec![pod("u-web", "web"), pod("u-cache", "cache")],
+            counters: vec![counters("u-web", t0), counters("u-cache", t0)],
+        });
+        let (r, body) = open(&f, STREAM_PATH, v, t, &[hello("node-a"), snapshot]).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()[VERSION_HEADER], "1.0");
+        assert_eq!(r.headers()[header::CONTENT_TYPE], CONTENT_TYPE);
+        let mut first = r.into_body();
+        let mut decoder = Decoder::new();
+        assert_eq!(
+            next(&mut first, &mut decoder).await,
+            Some(ServerMessage::Welcome { version: VERSION })
+        );
+        let m = f.ingest.sessions().sink().metrics.clone();
+        assert_eq!(m.streams_open(), 1);
+        let listed = || -> Vec<String> {
+            f.metadata
+                .pods(Some("demo"))
+                .into_iter()
+                .map(|p| p.name)
+                .collect()
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while listed() != ["cache", "web"] {
+            assert!(tokio::time::Instant::now() < deadline, "{:?}", listed());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            f.metadata.node("node-a").expect("node").labels["zone"],
+            "z1"
+        );
+
+        // A removal, in pieces: the frame split across two chunks.
+        let t1 = now();
+        let update = frame(&AgentMessage::Update(Update {
+            sent_at: UnixNanos(t1),
+            node: node_sample(t1),
+            upserts: vec![],
+            removed: vec!["u-cache".into()],
+            counters: vec![counters("u-web", t1), counters("u-gone", t1)],
+        }));
+        body.send(update.slice(..7)).await.expect("send");
+        body.send(update.slice(7..)).await.expect("send");
+        while listed() != ["web"] {
+            assert!(tokio::time::Instant::now() < deadline, "{:?}", listed());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(m.unknown_uid_count(), 1);
+
+        // A second stream for node-a replaces the first, which is told why.
+        let (r, _second_body) = open(&f, STREAM_PATH, v, t, &[hello("node-a")]).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        let mut second = r.into_body();
+        assert_eq!(
+            next(&mut first, &mut decoder).await,
+            Some(ServerMessage::Error {
+                message: r#"replaced by a newer stream for node "node-a""#.into()
+            })
+        );
+        assert_eq!(next(&mut first, &mut decoder).await, None, "then it ends");
+        assert_eq!(m.replaced_count(), 1);
+        drop(first);
+        drop(body);
+        // The data outlives the replaced stream.
+        assert_eq!(listed(), ["web"]);
+
+        // Two requests at most: the second stream holds one slot, a request waiting for
+        // its Hello the other; a fourth is refused.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while m.streams_open() != 1 || f.ingest.slots.available_permits() != 1 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the first stream's slot"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let (waiting_tx, waiting_rx) = mpsc::channel(1);
+        let req = Request::post(STREAM_PATH)
+            .header(VERSION_HEADER, "1.0")
+            .header(header::AUTHORIZATION, "Bearer node-a-token")
+            .body(ChannelBody(waiting_rx))
+            .expect("request");
+        let ingest = f.ingest.clone();
+        let waiting = tokio::spawn(async move { ingest.handle(req, &peer()).await });
+        while f.ingest.slots.available_permits() != 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the waiting request's slot"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let (r, _) = open(&f, STREAM_PATH, v, t, &[hello("node-a")]).await;
+        assert_eq!(error_of(r).await.0, StatusCode::TOO_MANY_REQUESTS);
+        drop(waiting_tx);
+        let r = waiting.await.expect("task");
+        assert_eq!(error_of(r).await.0, StatusCode::BAD_REQUEST, "no Hello");
+
+        // Shutdown ends the stream with a reason and refuses new ones.
+        f.ingest.shutdown();
+        let mut decoder = Decoder::new();
+        assert_eq!(
+            next(&mut second, &mut decoder).await,
+            Some(ServerMessage::Welcome { version: VERSION })
+        );
+        assert!(matches!(
+            next(&mut second, &mut decoder).await,
+            Some(ServerMessage::Error { message }) if message.contains("shutting down")
+        ));
+        let (r, _) = open(&f, STREAM_PATH, v, t, &[hello("node-a")]).await;
+        assert_eq!(error_of(r).await.0, StatusCode::SERVICE_UNAVAILABLE);
+    }
 }

@@ -927,4 +927,58 @@ mod tests {
             "{text}"
         );
     }
+
+    #[test]
+    fn ingest_numbers_are_served() {
+        let ingest = IngestMetrics::new();
+        let m = SelfMetrics::new().with_ingest(&ingest);
+        let text = m.encode().expect("encode");
+        for reason in RejectReason::ALL {
+            let series = format!(
+                "kpulse_aggregator_ingest_rejected_total{{reason=\"{}\"}} 0\n",
+                reason.as_str()
+            );
+            assert!(text.contains(&series), "{series} missing from {text}");
+        }
+        ingest.rejected(RejectReason::WrongNode);
+        let open = ingest.stream_opened();
+        let _other = ingest.stream_opened();
+        drop(open);
+        ingest.received_bytes(1000);
+        ingest.unknown_uids(0);
+        ingest.unknown_uids(3);
+        ingest.replaced();
+        ingest.message(&kpulse_wire::stream::AgentMessage::Hello(
+            kpulse_wire::stream::Hello {
+                version: kpulse_wire::stream::VERSION,
+                node_name: "n".into(),
+                node_labels: Default::default(),
+                agent: String::new(),
+            },
+        ));
+        let s = samples(&m.encode().expect("encode"));
+        for (series, value) in [
+            ("kpulse_aggregator_ingest_streams", 1.0),
+            (
+                "kpulse_aggregator_ingest_rejected_total{reason=\"wrong_node\"}",
+                1.0,
+            ),
+            ("kpulse_aggregator_ingest_received_bytes_total", 1000.0),
+            (
+                "kpulse_aggregator_ingest_unknown_uid_counters_dropped_total",
+                3.0,
+            ),
+            ("kpulse_aggregator_ingest_sessions_replaced_total", 1.0),
+            (
+                "kpulse_aggregator_ingest_messages_total{type=\"hello\"}",
+                1.0,
+            ),
+            (
+                "kpulse_aggregator_ingest_messages_total{type=\"update\"}",
+                0.0,
+            ),
+        ] {
+            assert_eq!(s.get(series), Some(&value), "{series} in {s:?}");
+        }
+    }
 }

@@ -59,6 +59,11 @@ use crate::{
 /// Longest node name accepted (a DNS subdomain).
 pub const MAX_NODE_NAME_BYTES: usize = 253;
 
+/// Most pods one node may announce (kubelet's `--max-pods` is 110 by default; large nodes
+/// run a few hundred): a stream announcing more is ended, so that a faulty agent cannot
+/// grow the server's memory without bound.
+pub const MAX_PODS_PER_NODE: usize = 10_000;
+
 /// What sessions write to.
 pub struct Sink<C: Clock = SystemClock> {
     /// The metrics.
@@ -89,6 +94,12 @@ pub enum SessionError {
     /// A newer stream for the same node took over.
     #[error("replaced by a newer stream for node {node:?}")]
     Replaced {
+        /// The node.
+        node: String,
+    },
+    /// More than [`MAX_PODS_PER_NODE`] pods announced.
+    #[error("more than {MAX_PODS_PER_NODE} pods announced for node {node:?}")]
+    TooManyPods {
         /// The node.
         node: String,
     },
@@ -199,6 +210,9 @@ impl Session {
             }),
             AgentMessage::Snapshot(s) => {
                 let pods: Vec<PodMeta> = s.pods.into_iter().filter(valid).collect();
+                if pods.len() > MAX_PODS_PER_NODE {
+                    return Err(self.too_many_pods());
+                }
                 sink.metadata.replace_pods(&self.node, &pods);
                 self.pods = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
                 self.snapshot_seen = true;
@@ -212,6 +226,23 @@ impl Session {
                     });
                 }
                 let upserts: Vec<PodMeta> = u.upserts.into_iter().filter(valid).collect();
+                // The count once the Update is applied: new uids in, known uids out.
+                let arriving: HashSet<&str> = upserts
+                    .iter()
+                    .map(|p| p.uid.as_str())
+                    .filter(|uid| {
+                        !self.pods.contains_key(*uid) && !u.removed.iter().any(|r| r == uid)
+                    })
+                    .collect();
+                let leaving: HashSet<&str> = u
+                    .removed
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|uid| self.pods.contains_key(*uid))
+                    .collect();
+                if self.pods.len() + arriving.len() - leaving.len() > MAX_PODS_PER_NODE {
+                    return Err(self.too_many_pods());
+                }
                 sink.metadata.update_pods(&self.node, &upserts, &u.removed);
                 for p in upserts {
                     self.pods.insert(p.uid.clone(), p);
@@ -221,6 +252,12 @@ impl Session {
                 }
                 self.ingest(u.sent_at, u.node, u.counters, sink)
             }
+        }
+    }
+
+    fn too_many_pods(&self) -> SessionError {
+        SessionError::TooManyPods {
+            node: self.node.clone(),
         }
     }
 
@@ -738,6 +775,35 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn pods_per_node_are_bounded() {
+        let f = fixture();
+        let (mut lease, _) = f.sessions.claim(&hello("n1"));
+        let many = |from: usize, n: usize| -> Vec<PodMeta> {
+            (from..from + n)
+                .map(|i| pod(&format!("u{i}"), &format!("p{i}")))
+                .collect()
+        };
+        let e = lease
+            .apply(snapshot(T0, many(0, MAX_PODS_PER_NODE + 1), &[]))
+            .expect_err("too many");
+        assert!(matches!(e, SessionError::TooManyPods { .. }));
+        lease
+            .apply(snapshot(T0, many(0, MAX_PODS_PER_NODE), &[]))
+            .expect("at the limit");
+        // Relabelling known pods, or replacing one by another, stays within it.
+        lease
+            .apply(update(T0 + S, many(0, 10), &[], &[]))
+            .expect("relabel");
+        lease
+            .apply(update(T0 + S, many(MAX_PODS_PER_NODE, 1), &["u0"], &[]))
+            .expect("one out, one in");
+        let e = lease
+            .apply(update(T0 + S, many(MAX_PODS_PER_NODE + 1, 1), &[], &[]))
+            .expect_err("one more");
+        assert!(matches!(e, SessionError::TooManyPods { .. }));
     }
 
     #[test]

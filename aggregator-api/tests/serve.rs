@@ -129,6 +129,8 @@ fn start(name: &str, extra: &[&str]) -> Server {
             "127.0.0.1",
             "--secure-port",
             &port.to_string(),
+            "--ingest-port",
+            &free_port().to_string(),
             "--cert-dir",
         ])
         .arg(dir.join("certs"))
@@ -337,9 +339,10 @@ fn health_endpoints_answer_every_kubectl() {
     }
 }
 
-/// Writes the feed file the server follows: metadata once, then a batch every 200 ms for
-/// node `node-a` with pods `demo/web` (two containers at 300m and 200m of CPU) and
-/// `demo/cache` (idle, 200 MiB), counters advancing exactly at those rates.
+/// Writes the feed file the server follows, in the agents' wire messages: a Hello for
+/// node `node-a`, a Snapshot announcing pods `demo/web` (two containers at 300m and 200m
+/// of CPU) and `demo/cache` (idle, 200 MiB), then an Update every 200 ms, counters
+/// advancing exactly at those rates.
 struct Feeder {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -352,18 +355,19 @@ impl Feeder {
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut f = std::fs::File::create(&path).expect("feed file");
-            let meta = serde_json::json!({"metadata": {
-            "nodes": [{"name": "node-a", "labels": {"zone": "z1"}}],
-            "pods": [
-                {"namespace": "demo", "name": "web", "labels": {"app": "web"}},
-                {"namespace": "demo", "name": "cache", "labels": {"app": "cache"}},
-            ]}});
-            writeln!(f, "{meta}").expect("write");
+            let hello = serde_json::json!({"type": "hello", "version": {"major": 1, "minor": 0},
+                "node_name": "node-a", "node_labels": {"zone": "z1"}, "agent": "feeder"});
+            writeln!(f, "{hello}").expect("write");
+            let pods = serde_json::json!([
+                {"uid": "u-web", "namespace": "demo", "name": "web", "labels": {"app": "web"}},
+                {"uid": "u-cache", "namespace": "demo", "name": "cache", "labels": {"app": "cache"}},
+            ]);
             let start = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .expect("clock")
                 .as_nanos() as u64;
             let boot = start - 3_600_000_000_000;
+            let mut first = true;
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -374,18 +378,23 @@ impl Feeder {
                     serde_json::json!({"name": name, "timestamp": now, "cpu": cpu,
                         "memory_working_set": mem, "started_at": start - 1_000_000_000})
                 };
-                let batch = serde_json::json!({"batch": {
-                "node_name": "node-a", "sent_at": now,
-                "node": {"timestamp": now, "started_at": boot, "cpu": (now - boot) / 4,
-                    "memory_working_set": 3u64 << 30},
-                "pods": [
-                    {"uid": "u-web", "namespace": "demo", "name": "web", "containers": [
+                let node = serde_json::json!({"timestamp": now, "started_at": boot,
+                    "cpu": (now - boot) / 4, "memory_working_set": 3u64 << 30});
+                let counters = serde_json::json!([
+                    {"uid": "u-web", "containers": [
                         container("app", t * 3 / 10, 64 << 20),
                         container("sidecar", t * 2 / 10, 16 << 20)]},
-                    {"uid": "u-cache", "namespace": "demo", "name": "cache", "containers": [
-                        container("redis", 0, 200 << 20)]},
-                ]}});
-                writeln!(f, "{batch}").expect("write");
+                    {"uid": "u-cache", "containers": [container("redis", 0, 200 << 20)]},
+                ]);
+                let message = if first {
+                    serde_json::json!({"type": "snapshot", "sent_at": now, "node": node,
+                        "pods": pods, "counters": counters})
+                } else {
+                    serde_json::json!({"type": "update", "sent_at": now, "node": node,
+                        "counters": counters})
+                };
+                first = false;
+                writeln!(f, "{message}").expect("write");
                 f.flush().expect("flush");
                 std::thread::sleep(Duration::from_millis(200));
             }

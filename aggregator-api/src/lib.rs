@@ -1,10 +1,16 @@
 //! kpulse's aggregator-api: the `metrics.k8s.io` extension API server behind the
 //! Kubernetes API aggregation layer.
 //!
-//! It does not collect anything itself: agents push node batches to it (a later milestone);
-//! until then the [`feed`] file loads the store. The data flow, one module per arrow:
-//! [`feed`] → [`store`] (+ [`metadata`]) → [`api`] (objects, selectors, encodings, watches)
-//! → [`app`] (authentication, authorization, health) → [`serve`] (HTTPS).
+//! It does not collect anything itself: agents stream their node's counters and pod metadata
+//! to its second port ([`ingest`]: the server side of `kpulse_wire::stream`, where each
+//! agent may only report its own node), or a [`feed`] file of the same messages loads it
+//! offline. The data flow, one module per arrow:
+//! [`ingest`] / [`feed`] → [`session`] (one per node: metadata + counters joined into full
+//! node batches) → [`store`] (+ [`metadata`]) → [`api`] (objects, selectors, encodings,
+//! watches) → [`app`] (authentication, authorization, health) → [`serve`] (HTTPS).
+//!
+//! It is not a Kubernetes client beyond TokenReview, SubjectAccessReview and the
+//! authentication ConfigMap: which pods exist comes from the agents, not from a watch.
 
 pub mod api;
 pub mod app;

@@ -365,7 +365,7 @@ struct TypeLabel {
 
 /// The agent-stream metrics (see the module docs). Cheap to clone: clones share the
 /// counters.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct IngestMetrics {
     streams: Gauge,
     messages: Family<TypeLabel, Counter>,
@@ -373,6 +373,27 @@ pub struct IngestMetrics {
     rejected: Family<ReasonLabel, Counter>,
     unknown_uids: Counter,
     replaced: Counter,
+    visible: Histogram,
+}
+
+/// Buckets of `kpulse_aggregator_ingest_to_visible_seconds`: fine below 100 ms, the target.
+const VISIBLE_BUCKETS: [f64; 20] = [
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+    0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0,
+];
+
+impl Default for IngestMetrics {
+    fn default() -> Self {
+        IngestMetrics {
+            streams: Gauge::default(),
+            messages: Family::default(),
+            bytes: Counter::default(),
+            rejected: Family::default(),
+            unknown_uids: Counter::default(),
+            replaced: Counter::default(),
+            visible: Histogram::new(VISIBLE_BUCKETS),
+        }
+    }
 }
 
 impl IngestMetrics {
@@ -418,6 +439,13 @@ impl IngestMetrics {
             "Pod counters dropped because their pod uid was not announced on the stream",
             self.unknown_uids.clone(),
         );
+        registry.register_with_unit(
+            "kpulse_aggregator_ingest_to_visible",
+            "Time from an agent sending a snapshot or update (its sent_at, the agent's clock) \
+             to the store serving it",
+            Unit::Seconds,
+            self.visible.clone(),
+        );
         registry.register(
             "kpulse_aggregator_ingest_sessions_replaced",
             "Agent sessions ended because a newer stream for the same node replaced them",
@@ -445,6 +473,13 @@ impl IngestMetrics {
             AgentMessage::Update(_) => "update",
         };
         self.messages.get_or_create(&TypeLabel { r#type: t }).inc();
+    }
+
+    /// A message sent at `sent_at` became visible now (a clock ahead of ours counts 0).
+    pub fn visible(&self, sent_at: kpulse_wire::UnixNanos) {
+        let now = kpulse_wire::UnixNanos::from_system_time(std::time::SystemTime::now());
+        let nanos = now.0.saturating_sub(sent_at.0);
+        self.visible.observe(nanos as f64 / 1e9);
     }
 
     /// Body bytes received.

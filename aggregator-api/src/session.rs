@@ -303,6 +303,7 @@ impl Session {
             .map_err(|e| SessionError::Store {
                 reason: e.to_string(),
             })?;
+        sink.metrics.visible(sent_at);
         Ok(applied)
     }
 }

@@ -1,7 +1,9 @@
 //! Project chores, as `cargo xtask <command>`: build the eBPF programs, run the tests
-//! (on this host and in qemu VMs), benchmarks. Not shipped; not a library.
+//! (on this host and in qemu VMs), benchmarks, the TLS material of `deploy/`. Not shipped;
+//! not a library.
 
 mod build_ebpf;
+mod certs;
 mod exec;
 mod test;
 mod vm;
@@ -20,6 +22,8 @@ struct Cli {
 enum Command {
     /// Check/install the eBPF toolchain, then build the programs in ebpf/.
     BuildEbpf(build_ebpf::Options),
+    /// Make the CA, serving certificate and caBundle patch that deploy/ includes.
+    Certs(certs::Options),
     /// Run every test: lints, host tests, accuracy on this kernel and in qemu VMs.
     Test(test::Options),
     /// Boot Debian kernels (pure cgroup v2) in qemu and run a test binary inside.
@@ -30,6 +34,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
+        Command::Certs(opts) => certs::run(&opts),
         Command::Test(opts) => test::run(&opts),
         Command::Vm(opts) => vm::run(&opts),
     }

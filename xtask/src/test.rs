@@ -3,7 +3,8 @@
 //! 1. the eBPF toolchain and object (`build-ebpf --release`, installing what is missing);
 //! 2. `cargo fmt --check`, `cargo clippy --all-targets -D warnings`, and the same lints on
 //!    `ebpf/` with Debian's clippy (`build_ebpf::clippy`, installing `rust-web-clippy`);
-//! 3. `cargo test` of the host workspace: unit tests, and the accuracy test against
+//! 3. `cargo test` of the host workspace: unit tests, the `deploy/` manifest checks
+//!    (`xtask/tests/manifests.rs`, real `kubectl kustomize`), and the accuracy test against
 //!    this machine's kernel (real cgroups, processes and eBPF; root needed);
 //! 4. the accuracy test again inside qemu VMs booting Debian's 6.1 and 6.12 kernels with
 //!    pure cgroup v2.

@@ -6,6 +6,7 @@
 //! [`collect`] (records → [`sample::Snapshot`]) → [`cgroup_path`] (path → pod/container).
 //! This crate does not serve metrics or talk to the aggregator yet.
 
+pub mod attribute;
 pub mod cgroup_path;
 pub mod cgroupfs;
 pub mod collect;

@@ -17,3 +17,4 @@ pub mod kernel_layout;
 pub mod layout;
 pub mod probe;
 pub mod sample;
+pub mod ship;

@@ -594,7 +594,7 @@ impl Attributor {
     }
 
     /// Standalone mode: reads `path` now (an error is a configuration error), then checks it
-    /// every `poll` and re-reads it when its size or modification time changes. A later
+    /// every `poll` and re-reads it when its inode, size or modification time changes. A later
     /// unreadable or invalid file is logged and the previous pods are kept.
     ///
     /// # Errors
@@ -627,11 +627,13 @@ impl Attributor {
     }
 }
 
-type FileStamp = Option<(u64, SystemTime)>;
+/// What tells a changed file: inode (replaced by a rename), size, modification time.
+type FileStamp = Option<(u64, u64, SystemTime)>;
 
 fn file_stamp(path: &Path) -> FileStamp {
+    use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
-    Some((m.len(), m.modified().ok()?))
+    Some((m.ino(), m.len(), m.modified().ok()?))
 }
 
 async fn follow_file(
@@ -1148,6 +1150,173 @@ mod tests {
         ] {
             let err = file(json).expect_err(want).to_string();
             assert!(err.contains(want), "{err} lacks {want}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_pods_file_is_followed_and_a_bad_one_ignored() {
+        let dir = std::env::temp_dir().join(format!("kpulse-podsfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let path = dir.join("pods.json");
+        let pods = |n: usize| {
+            let list: Vec<String> = (0..n)
+                .map(|i| {
+                    format!(
+                        r#"{{"uid":"u{i}","namespace":"d","name":"p{i}","containers":[{{"name":"c","cgroup":"/p{i}"}}]}}"#
+                    )
+                })
+                .collect();
+            format!(r#"{{"pods":[{}]}}"#, list.join(","))
+        };
+        std::fs::write(&path, pods(1)).expect("write");
+        assert!(
+            Attributor::from_file(dir.join("missing.json"), Duration::from_millis(20))
+                .await
+                .is_err()
+        );
+        let a = Attributor::from_file(path.clone(), Duration::from_millis(20))
+            .await
+            .expect("valid file");
+        let mut rx = a.subscribe();
+        assert_eq!(a.current().pods().len(), 1);
+        std::fs::write(&path, pods(2)).expect("write");
+        tokio::time::timeout(Duration::from_secs(5), rx.changed())
+            .await
+            .expect("re-read in time")
+            .expect("alive");
+        assert_eq!(a.current().pods().len(), 2);
+        // A broken file keeps the previous pods; a valid one is taken again.
+        std::fs::write(&path, "{not json").expect("write");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(a.current().pods().len(), 2);
+        std::fs::write(&path, pods(3)).expect("write");
+        tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|i| i.pods().len() == 3))
+            .await
+            .expect("re-read in time")
+            .expect("alive");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A scripted API server: lists the node's pods, then streams watch events the test
+    /// sends; records every request's path and query.
+    mod cluster {
+        use std::convert::Infallible;
+
+        use bytes::Bytes;
+        use http_body_util::{Full, StreamBody};
+        use hyper::body::Frame;
+        use tokio::sync::mpsc;
+
+        use super::*;
+
+        type BoxBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+        fn client(
+            pods: Vec<Pod>,
+            watch: mpsc::Receiver<Bytes>,
+            seen: mpsc::Sender<String>,
+        ) -> kube::Client {
+            let watch = Arc::new(tokio::sync::Mutex::new(Some(watch)));
+            let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+                let pods = pods.clone();
+                let watch = watch.clone();
+                let seen = seen.clone();
+                async move {
+                    let uri = req.uri().to_string();
+                    let _ = seen.send(uri.clone()).await;
+                    let body: BoxBody = if uri.contains("watch=true") {
+                        match watch.lock().await.take() {
+                            Some(rx) => {
+                                let stream =
+                                    futures_util::stream::unfold(rx, |mut rx| async move {
+                                        rx.recv()
+                                            .await
+                                            .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+                                    });
+                                BoxBody::new(StreamBody::new(stream))
+                            }
+                            // Later watches hang (a quiet watch), never end.
+                            None => BoxBody::new(StreamBody::new(futures_util::stream::pending())),
+                        }
+                    } else {
+                        let list = serde_json::json!({
+                            "apiVersion": "v1", "kind": "PodList",
+                            "metadata": {"resourceVersion": "10"},
+                            "items": pods,
+                        });
+                        BoxBody::new(Full::new(Bytes::from(list.to_string())))
+                    };
+                    let mut r = http::Response::new(body);
+                    r.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/json"),
+                    );
+                    Ok::<_, Infallible>(r)
+                }
+            });
+            kube::Client::new(service, "default")
+        }
+
+        fn event(kind: &str, pod: &Pod) -> Bytes {
+            let mut line = serde_json::json!({"type": kind, "object": pod}).to_string();
+            line.push('\n');
+            Bytes::from(line)
+        }
+
+        async fn next_index(rx: &mut watch::Receiver<Arc<PodIndex>>) -> Arc<PodIndex> {
+            tokio::time::timeout(Duration::from_secs(10), rx.changed())
+                .await
+                .expect("a new index in time")
+                .expect("source alive");
+            rx.borrow_and_update().clone()
+        }
+
+        #[tokio::test]
+        async fn the_reflector_follows_this_nodes_pods() {
+            let (pods, cgroups) = cluster();
+            let mut web = pods[0].clone();
+            web.metadata.resource_version = Some("11".into());
+            let (watch_tx, watch_rx) = mpsc::channel(8);
+            let (seen_tx, mut seen) = mpsc::channel(64);
+            let attributor =
+                Attributor::cluster(client(vec![pods[1].clone()], watch_rx, seen_tx), "node-1");
+            assert!(!attributor.current().is_ready());
+            let mut rx = attributor.subscribe();
+
+            // The list: only the static pod.
+            let index = next_index(&mut rx).await;
+            assert!(index.is_ready());
+            assert_eq!(index.pods().len(), 1);
+            let list = seen.recv().await.expect("list request");
+            assert!(list.starts_with("/api/v1/pods?"), "{list}");
+            assert!(
+                list.contains("fieldSelector=spec.nodeName%3Dnode-1"),
+                "{list}"
+            );
+            let a = index.join(&snap(cgroups.clone()));
+            assert_eq!(a.counters.len(), 1);
+            assert_eq!(
+                a.unattributed, 5,
+                "the web pod's cgroups, until it is watched"
+            );
+
+            // web arrives through the watch, then goes.
+            watch_tx.send(event("ADDED", &web)).await.expect("send");
+            let index = next_index(&mut rx).await;
+            assert_eq!(index.join(&snap(cgroups.clone())).counters.len(), 2);
+            let before = index.pods().clone();
+            watch_tx.send(event("DELETED", &web)).await.expect("send");
+            let index = next_index(&mut rx).await;
+            let changes = index.pods().changes_since(&before);
+            assert_eq!(changes.removed, [U1]);
+            assert!(changes.upserts.is_empty());
+            let watch = seen.recv().await.expect("watch request");
+            assert!(watch.contains("watch=true"), "{watch}");
+            assert!(
+                watch.contains("fieldSelector=spec.nodeName%3Dnode-1"),
+                "{watch}"
+            );
+            assert!(watch.contains("resourceVersion=10"), "{watch}");
         }
     }
 }

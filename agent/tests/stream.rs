@@ -742,3 +742,114 @@ async fn agent_streams_with_ebpf() {
     drop(agent);
     drop(s);
 }
+
+/// The shipping library as a load generator uses it: many simulated nodes in one process,
+/// each its own [`Shipper`], sharing one TLS configuration and one set of metrics, their
+/// replicas found through a DNS name (`localhost` stands in for a headless Service).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_shippers_in_one_process() {
+    use kpulse_agent::{
+        attribute::PodSet,
+        ship::{self, Credentials, Replicas, ShipConfig, ShipMetrics, Shipper, Tick},
+    };
+    use kpulse_wire::{Bytes as Mem, CpuNanos, NodeSample, UnixNanos};
+
+    const NODES: usize = 200;
+    let dir = std::env::temp_dir().join(format!("kpulse-many-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let pki = pki(&dir);
+    let (tx, mut rx) = mpsc::channel(1024);
+    let server = Server::start("127.0.0.1:0".parse().expect("addr"), &pki, Mode::Accept, tx).await;
+    let tls = ship::tls::client_config(&ship::tls::TlsOptions {
+        ca_file: Some(pki.ca_file.clone()),
+        ..Default::default()
+    })
+    .expect("tls");
+    let metrics = Arc::new(ShipMetrics::default());
+    let started = Instant::now();
+    let shippers: Vec<Shipper> = (0..NODES)
+        .map(|i| {
+            let mut c = ShipConfig::new(
+                Replicas::Service {
+                    host: "localhost".into(),
+                    port: server.addr.port(),
+                },
+                tls.clone(),
+            );
+            c.credentials = Credentials::Token(format!("token-{i}").into());
+            c.metrics = metrics.clone();
+            Shipper::spawn(c, ship::hello(&format!("sim-{i}"), "loadgen"))
+        })
+        .collect();
+    let pods = Arc::new(PodSet::default());
+    let tick = |n: u64| Tick {
+        node: NodeSample {
+            timestamp: UnixNanos(n),
+            started_at: Some(UnixNanos(1)),
+            cpu: CpuNanos(n),
+            memory_working_set: Mem(1),
+        },
+        pods: pods.clone(),
+        counters: vec![],
+    };
+    for s in &shippers {
+        s.publish(tick(1));
+    }
+    let mut hellos = std::collections::HashSet::new();
+    let mut snapshots = 0;
+    while snapshots < NODES {
+        match next(&mut rx).await {
+            Event::Message {
+                message: AgentMessage::Hello(h),
+                ..
+            } => {
+                assert!(hellos.insert(h.node_name), "one stream per node");
+            }
+            Event::Message {
+                message: AgentMessage::Snapshot(s),
+                ..
+            } => {
+                assert_eq!(s.node.cpu, CpuNanos(1));
+                snapshots += 1;
+            }
+            _ => {}
+        }
+    }
+    let connected = started.elapsed();
+    for s in &shippers {
+        s.publish(tick(2));
+    }
+    let mut updates = 0;
+    while updates < NODES {
+        if let Event::Message {
+            message: AgentMessage::Update(u),
+            ..
+        } = next(&mut rx).await
+        {
+            assert_eq!(u.node.cpu, CpuNanos(2));
+            updates += 1;
+        }
+    }
+    println!(
+        "{NODES} simulated agents: all streams up after {connected:?}, one tick each delivered after {:?}",
+        started.elapsed()
+    );
+    let deadline = Instant::now() + TIMEOUT;
+    while metrics.streams_up() != i64::try_from(NODES).expect("fits") {
+        assert!(
+            Instant::now() < deadline,
+            "streams_up {}",
+            metrics.streams_up()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let label = server.addr.to_string();
+    assert_eq!(metrics.dropped(&label), 0);
+    let stop = Instant::now();
+    for s in shippers {
+        s.shutdown(Duration::from_secs(5)).await;
+    }
+    assert_eq!(metrics.streams_up(), 0);
+    println!("{NODES} shippers shut down in {:?}", stop.elapsed());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -192,7 +192,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     let shipper = Shipper::spawn(config, ship::hello(&args.node_name, &agent));
 
-    TickLoop {
+    let ended = TickLoop {
         collector,
         attributor,
         resolution: args.collect.resolution,
@@ -207,6 +207,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(task) = metrics_server {
         let _ = task.await;
     }
+    ended?;
     info!("stopped");
     Ok(())
 }

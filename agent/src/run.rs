@@ -18,6 +18,14 @@ use crate::{
     ship::{Shipper, Tick},
 };
 
+/// Why the loop ended other than by `stop`.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The collector panicked; the process should exit (and be restarted).
+    #[error("the collector panicked")]
+    CollectorPanicked(#[source] tokio::task::JoinError),
+}
+
 /// What the loop needs.
 pub struct TickLoop {
     /// The collector (`collect::select`).
@@ -70,7 +78,15 @@ struct Seen {
 
 impl TickLoop {
     /// Runs until `stop` resolves, publishing every tick to `shipper`.
-    pub async fn run(self, shipper: &Shipper, stop: impl Future<Output = ()>) {
+    ///
+    /// # Errors
+    ///
+    /// [`RunError::CollectorPanicked`]: collection cannot go on.
+    pub async fn run(
+        self,
+        shipper: &Shipper,
+        stop: impl Future<Output = ()>,
+    ) -> Result<(), RunError> {
         let TickLoop {
             collector,
             attributor,
@@ -96,10 +112,10 @@ impl TickLoop {
         loop {
             tokio::select! {
                 _ = interval.tick() => {}
-                () = &mut stop => return,
+                () = &mut stop => return Ok(()),
             }
             let Some(mut c) = collector.take() else {
-                return;
+                return Ok(());
             };
             let index = attributor.current();
             let started = std::time::Instant::now();
@@ -111,10 +127,7 @@ impl TickLoop {
                 (c, r)
             })
             .await;
-            let Ok((c, result)) = joined else {
-                tracing::error!("the collector panicked; stopping collection");
-                return;
-            };
+            let (c, result) = joined.map_err(RunError::CollectorPanicked)?;
             collector = Some(c);
             metrics
                 .collection_duration

@@ -117,8 +117,8 @@ pub enum Replicas {
     },
 }
 
-/// What the agent presents besides its TLS client certificate.
-#[derive(Clone, Debug, Default)]
+/// What the agent presents besides its TLS client certificate. `Debug` never shows a token.
+#[derive(Clone, Default)]
 pub enum Credentials {
     /// Nothing (mTLS only, or a test server).
     #[default]
@@ -127,6 +127,16 @@ pub enum Credentials {
     TokenFile(PathBuf),
     /// A fixed bearer token (load generators).
     Token(Arc<str>),
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credentials::None => f.write_str("None"),
+            Credentials::TokenFile(p) => f.debug_tuple("TokenFile").field(p).finish(),
+            Credentials::Token(_) => f.write_str("Token(<redacted>)"),
+        }
+    }
 }
 
 /// Reconnect delays: full jitter over an exponentially growing cap.
@@ -602,6 +612,12 @@ mod tests {
             mean > Duration::from_millis(700) && mean < Duration::from_millis(900),
             "full jitter averages half the cap: {mean:?}"
         );
+    }
+
+    #[test]
+    fn tokens_never_show_in_debug() {
+        let c = Credentials::Token("s3cret".into());
+        assert_eq!(format!("{c:?}"), "Token(<redacted>)");
     }
 
     #[test]

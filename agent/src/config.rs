@@ -27,6 +27,143 @@ pub struct Cli {
 pub enum Command {
     /// Print one JSON object per cgroup (and one for the node) per tick.
     Dump(DumpArgs),
+    /// Collect, attribute to pods and stream to the aggregator (the DaemonSet's command).
+    Run(Box<RunArgs>),
+}
+
+/// Default `--metrics-bind-address`.
+pub const DEFAULT_METRICS_BIND_ADDRESS: &str = "127.0.0.1:9464";
+
+/// `run` flags.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// This node's name (`spec.nodeName` of its pods); the downward API sets `NODE_NAME`.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Standalone mode: pods and their containers' cgroups from this JSON file (re-read when
+    /// it changes) instead of the Kubernetes API.
+    #[arg(long, env = "KPULSE_PODS_FILE")]
+    pub pods_file: Option<PathBuf>,
+    /// An aggregator replica, `host:port` (repeatable, or comma-separated in the variable).
+    #[arg(long = "server", env = "KPULSE_SERVER", value_delimiter = ',')]
+    pub servers: Vec<String>,
+    /// A headless Service whose every address is a replica, `name.namespace.svc:port`;
+    /// resolved again every 10 s.
+    #[arg(long, env = "KPULSE_SERVER_SERVICE")]
+    pub server_service: Option<String>,
+    /// The name the servers' certificate must carry (default: the Service's DNS name, or
+    /// the host of each `--server`).
+    #[arg(long, env = "KPULSE_SERVER_NAME")]
+    pub server_name: Option<String>,
+    /// PEM CA bundle that signed the aggregator's serving certificate.
+    #[arg(long, env = "KPULSE_SERVER_CA_FILE")]
+    pub server_ca_file: Option<PathBuf>,
+    /// Do not verify the aggregator's certificate. Local tests only.
+    #[arg(long, env = "KPULSE_INSECURE_SKIP_TLS_VERIFY")]
+    pub insecure_skip_tls_verify: bool,
+    /// Bearer token file (a projected ServiceAccount token, audience `kpulse`), re-read at
+    /// every connect.
+    #[arg(long, env = "KPULSE_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// PEM client certificate for mTLS (standalone), with `--client-key-file`.
+    #[arg(long, env = "KPULSE_CLIENT_CERT_FILE")]
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM private key of `--client-cert-file`.
+    #[arg(long, env = "KPULSE_CLIENT_KEY_FILE")]
+    pub client_key_file: Option<PathBuf>,
+    /// Ticks queued per replica before the oldest is dropped.
+    #[arg(long, env = "KPULSE_QUEUE_TICKS", default_value_t = crate::ship::DEFAULT_QUEUE_TICKS)]
+    pub queue_ticks: usize,
+    /// Where to serve the agent's own metrics (plain HTTP `/metrics`); empty disables.
+    #[arg(long, env = "KPULSE_METRICS_BIND_ADDRESS", default_value = DEFAULT_METRICS_BIND_ADDRESS)]
+    pub metrics_bind_address: String,
+    /// On SIGTERM/SIGINT, how long streams get to end cleanly.
+    #[arg(long, env = "KPULSE_SHUTDOWN_GRACE", default_value = "5s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+    /// Collection flags.
+    #[command(flatten)]
+    pub collect: CollectArgs,
+}
+
+/// Largest accepted `--queue-ticks`.
+pub const MAX_QUEUE_TICKS: usize = 1024;
+
+impl RunArgs {
+    /// Checks every flag (collection flags included), reporting all problems at once.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut errs = match self.collect.validate() {
+            Ok(()) => Vec::new(),
+            Err(ConfigError(e)) => e,
+        };
+        if self.node_name.trim().is_empty() {
+            errs.push("--node-name (or NODE_NAME) must not be empty".into());
+        }
+        match (self.servers.is_empty(), &self.server_service) {
+            (true, None) => errs.push("one of --server or --server-service is required".into()),
+            (false, Some(_)) => {
+                errs.push("--server and --server-service are mutually exclusive".into())
+            }
+            _ => {}
+        }
+        for s in &self.servers {
+            if crate::ship::split_host_port(s).is_none() {
+                errs.push(format!("--server {s:?} is not host:port"));
+            }
+        }
+        if let Some(s) = &self.server_service {
+            if crate::ship::split_host_port(s).is_none() {
+                errs.push(format!(
+                    "--server-service {s:?} is not name.namespace.svc:port"
+                ));
+            }
+        }
+        if let Some(n) = &self.server_name {
+            if rustls::pki_types::ServerName::try_from(n.as_str()).is_err() {
+                errs.push(format!(
+                    "--server-name {n:?} is not a DNS name or IP address"
+                ));
+            }
+        }
+        match (&self.server_ca_file, self.insecure_skip_tls_verify) {
+            (None, false) => errs.push(
+                "--server-ca-file is required (or --insecure-skip-tls-verify, for local tests)"
+                    .into(),
+            ),
+            (Some(_), true) => errs.push(
+                "--server-ca-file and --insecure-skip-tls-verify are mutually exclusive".into(),
+            ),
+            _ => {}
+        }
+        if self.client_cert_file.is_some() != self.client_key_file.is_some() {
+            errs.push("--client-cert-file and --client-key-file go together".into());
+        }
+        if self.queue_ticks == 0 || self.queue_ticks > MAX_QUEUE_TICKS {
+            errs.push(format!(
+                "--queue-ticks must be between 1 and {MAX_QUEUE_TICKS}"
+            ));
+        }
+        if !self.metrics_bind_address.is_empty()
+            && self
+                .metrics_bind_address
+                .parse::<std::net::SocketAddr>()
+                .is_err()
+        {
+            errs.push(format!(
+                "--metrics-bind-address {:?} is not ip:port (or empty to disable)",
+                self.metrics_bind_address
+            ));
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError(errs))
+        }
+    }
+
+    /// The metrics address, `None` when disabled. Call after [`RunArgs::validate`].
+    pub fn metrics_address(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_bind_address.parse().ok()
+    }
 }
 
 /// Flags shared by everything that collects.
@@ -106,10 +243,92 @@ mod tests {
         Cli::try_parse_from(std::iter::once("kpulse-agent").chain(args.iter().copied()))
     }
 
+    fn dump(cli: Cli) -> DumpArgs {
+        match cli.command {
+            Command::Dump(d) => d,
+            other => panic!("not dump: {other:?}"),
+        }
+    }
+
+    fn run(args: &[&str]) -> RunArgs {
+        let all: Vec<&str> = ["run", "--node-name", "n1"]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        match parse(&all).expect("parse").command {
+            Command::Run(r) => *r,
+            other => panic!("not run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn run_defaults_and_validation() {
+        let r = run(&["--server", "10.0.0.1:443", "--server-ca-file", "/ca"]);
+        assert_eq!(r.node_name, "n1");
+        assert_eq!(r.servers, ["10.0.0.1:443"]);
+        assert_eq!(r.metrics_bind_address, "127.0.0.1:9464");
+        assert_eq!(r.queue_ticks, 8);
+        assert_eq!(r.shutdown_grace, Duration::from_secs(5));
+        assert_eq!(r.collect.resolution, Duration::from_secs(1));
+        assert!(r.pods_file.is_none() && !r.insecure_skip_tls_verify);
+        r.validate().expect("valid");
+        assert!(r.metrics_address().is_some());
+
+        let r = run(&[
+            "--server-service",
+            "kpulse.kube-system.svc:443",
+            "--insecure-skip-tls-verify",
+            "--metrics-bind-address",
+            "",
+            "--token-file",
+            "/t",
+        ]);
+        r.validate().expect("valid");
+        assert!(r.metrics_address().is_none());
+
+        let r = run(&["--server", "a:1", "--server", "b:2"]);
+        assert_eq!(r.servers.len(), 2);
+        let err = r.validate().expect_err("no CA").to_string();
+        assert!(err.contains("--server-ca-file is required"), "{err}");
+
+        let r = run(&[
+            "--server",
+            "nope",
+            "--server-service",
+            "svc",
+            "--client-cert-file",
+            "/c",
+            "--queue-ticks",
+            "0",
+            "--metrics-bind-address",
+            "localhost",
+            "--server-ca-file",
+            "/ca",
+            "--insecure-skip-tls-verify",
+        ]);
+        let err = r.validate().expect_err("all wrong").to_string();
+        for want in [
+            "mutually exclusive",
+            "\"nope\" is not host:port",
+            "not name.namespace.svc:port",
+            "go together",
+            "--queue-ticks",
+            "--metrics-bind-address",
+            "--server-ca-file and --insecure-skip-tls-verify",
+        ] {
+            assert!(err.contains(want), "{err} lacks {want}");
+        }
+        let err = run(&[]).validate().expect_err("no server").to_string();
+        assert!(err.contains("one of --server or --server-service"), "{err}");
+        assert!(
+            parse(&["run", "--server", "a:1"]).is_err() || std::env::var_os("NODE_NAME").is_some()
+        );
+    }
+
     #[test]
     fn defaults() {
         let cli = parse(&["dump"]).expect("parse");
-        let Command::Dump(d) = cli.command;
+        let d = dump(cli);
         assert_eq!(d.count, 1);
         assert_eq!(d.collect.resolution, Duration::from_secs(1));
         assert_eq!(d.collect.collector, Mode::Auto);
@@ -120,10 +339,10 @@ mod tests {
     #[test]
     fn resolution_bounds() {
         let cli = parse(&["dump", "--resolution", "100ms"]).expect("parse");
-        let Command::Dump(d) = cli.command;
+        let d = dump(cli);
         d.collect.validate().expect("100ms is allowed");
         let cli = parse(&["dump", "--resolution", "99ms", "--max-cgroups", "0"]).expect("parse");
-        let Command::Dump(d) = cli.command;
+        let d = dump(cli);
         let err = d.collect.validate().expect_err("too fast");
         assert!(err.to_string().contains("below the minimum"), "{err}");
         assert!(err.to_string().contains("--max-cgroups"), "{err}");
@@ -138,7 +357,7 @@ mod tests {
             ("cgroupfs", Mode::Cgroupfs),
         ] {
             let cli = parse(&["dump", "--collector", v]).expect("parse");
-            let Command::Dump(d) = cli.command;
+            let d = dump(cli);
             assert_eq!(d.collect.collector, m);
         }
         assert!(parse(&["dump", "--collector", "procfs"]).is_err());
@@ -147,7 +366,7 @@ mod tests {
     #[test]
     fn dotdot_root_is_refused() {
         let cli = parse(&["dump", "--cgroup-root", "/a/../b"]).expect("parse");
-        let Command::Dump(d) = cli.command;
+        let d = dump(cli);
         assert!(d.collect.validate().is_err());
     }
 }

@@ -1,13 +1,20 @@
 //! `kpulse-agent`: wiring only. Flags → tracing → collector → command.
 
-use std::process::ExitCode;
+use std::{process::ExitCode, sync::Arc};
 
+use anyhow::Context;
 use clap::Parser;
 use kpulse_agent::{
-    collect::{self, Scope},
-    config::{Cli, Command},
+    attribute::{self, Attributor},
+    cgroupfs,
+    collect::{self, Collector, Scope},
+    config::{Cli, CollectArgs, Command, DumpArgs, RunArgs},
     dump,
     layout::Layout,
+    run::TickLoop,
+    selfmetrics::{self, AgentMetrics},
+    ship::{self, Credentials, Replicas, ShipConfig, Shipper},
+    shutdown,
 };
 use tracing::{info, warn};
 
@@ -23,12 +30,18 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let Command::Dump(args) = cli.command;
+    match cli.command {
+        Command::Dump(args) => main_dump(&args),
+        Command::Run(args) => main_run(*args),
+    }
+}
+
+fn main_dump(args: &DumpArgs) -> ExitCode {
     if let Err(e) = args.collect.validate() {
         eprintln!("kpulse-agent: {e}");
         return ExitCode::from(EX_USAGE);
     }
-    match run_dump(&args) {
+    match run_dump(args) {
         Ok(()) => ExitCode::SUCCESS,
         // `dump | head`: the reader went away; that is how a pipe ends, not a failure.
         Err(e)
@@ -44,21 +57,157 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_dump(args: &kpulse_agent::config::DumpArgs) -> anyhow::Result<()> {
-    let c = &args.collect;
+fn collector(c: &CollectArgs) -> anyhow::Result<Box<dyn Collector>> {
     let layout = Layout::detect()?;
     let scope = Scope {
         layout: layout.clone(),
         root: c.cgroup_root.clone(),
         max_cgroups: c.max_cgroups,
     };
-    let (mut collector, fallback) = collect::select(c.collector, scope, c.ebpf_object.as_deref())?;
+    let (collector, fallback) = collect::select(c.collector, scope, c.ebpf_object.as_deref())?;
     if let Some(reason) = fallback {
         let reason = kpulse_agent::error::chain(&reason);
         warn!(%reason, "eBPF collector unavailable, using cgroupfs");
     }
-    info!(collector = %collector.source(), layout = layout.name(), "collecting");
+    info!(collector = %collector.source(), layout = layout.name(), "collector ready");
+    Ok(collector)
+}
+
+fn run_dump(args: &DumpArgs) -> anyhow::Result<()> {
+    let c = &args.collect;
+    let mut collector = collector(c)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     dump::run(collector.as_mut(), args.count, c.resolution, &mut out)
+}
+
+fn main_run(args: RunArgs) -> ExitCode {
+    if let Err(e) = args.validate() {
+        eprintln!("kpulse-agent: {e}");
+        return ExitCode::from(EX_USAGE);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kpulse-agent: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kpulse-agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    // Installed first: a SIGTERM from here on stops the agent cleanly.
+    let shutdown = shutdown::install().context("installing signal handlers")?;
+    if args.insecure_skip_tls_verify {
+        warn!("--insecure-skip-tls-verify: the aggregator's certificate is NOT verified; for local tests only");
+    }
+    if args.token_file.is_none() && args.client_cert_file.is_none() {
+        warn!("no credentials (--token-file or --client-cert-file): a real aggregator refuses an anonymous agent");
+    }
+    let tls = ship::tls::client_config(&ship::tls::TlsOptions {
+        ca_file: args.server_ca_file.clone(),
+        insecure_skip_verify: args.insecure_skip_tls_verify,
+        client_cert: args
+            .client_cert_file
+            .clone()
+            .zip(args.client_key_file.clone()),
+    })
+    .context("TLS client configuration")?;
+
+    let c = args.collect.clone();
+    let collector = tokio::task::spawn_blocking(move || collector(&c))
+        .await
+        .context("collector setup")??;
+    let source = collector.source();
+    let node_started_at = match cgroupfs::boot_time() {
+        Ok(t) => Some(kpulse_wire::UnixNanos(t.0)),
+        Err(e) => {
+            warn!(error = %kpulse_agent::error::chain(&e), "node boot time unknown");
+            None
+        }
+    };
+
+    let (mode, attributor) = match &args.pods_file {
+        Some(path) => (
+            "standalone",
+            Attributor::from_file(path.clone(), attribute::POD_FILE_POLL).await?,
+        ),
+        None => {
+            let client = kube::Client::try_default().await.context(
+                "Kubernetes client (in-cluster or KUBECONFIG); without a Kubernetes API use --pods-file",
+            )?;
+            info!(node = %args.node_name, "watching this node's pods");
+            ("cluster", Attributor::cluster(client, &args.node_name))
+        }
+    };
+
+    let metrics = Arc::new(AgentMetrics::new());
+    let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+    let metrics_server = match args.metrics_address() {
+        Some(addr) => {
+            let listener = selfmetrics::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (--metrics-bind-address)"))?;
+            info!(%addr, "serving /metrics");
+            Some(tokio::spawn(selfmetrics::serve(
+                listener,
+                metrics.clone(),
+                async move {
+                    let _ = metrics_stopped.await;
+                },
+            )))
+        }
+        None => None,
+    };
+
+    let replicas = match &args.server_service {
+        Some(s) => {
+            let (host, port) =
+                ship::split_host_port(s).context("--server-service is not host:port")?;
+            Replicas::Service { host, port }
+        }
+        None => Replicas::Static(args.servers.clone()),
+    };
+    let mut config = ShipConfig::new(replicas, tls);
+    config.server_name = args.server_name.clone();
+    config.credentials = args
+        .token_file
+        .clone()
+        .map_or(Credentials::None, Credentials::TokenFile);
+    config.queue_ticks = args.queue_ticks;
+    config.metrics = metrics.ship.clone();
+    let agent = format!(
+        "kpulse-agent {} ({source} collector, {mode})",
+        env!("CARGO_PKG_VERSION")
+    );
+    let shipper = Shipper::spawn(config, ship::hello(&args.node_name, &agent));
+
+    let ended = TickLoop {
+        collector,
+        attributor,
+        resolution: args.collect.resolution,
+        node_started_at,
+        metrics,
+    }
+    .run(&shipper, shutdown)
+    .await;
+
+    shipper.shutdown(args.shutdown_grace).await;
+    let _ = metrics_stop.send(());
+    if let Some(task) = metrics_server {
+        let _ = task.await;
+    }
+    ended?;
+    info!("stopped");
+    Ok(())
 }

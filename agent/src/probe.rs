@@ -319,7 +319,7 @@ impl CgroupIter {
     }
 
     /// Creates an iterator link over the cgroup directory `dir` and its descendants,
-    /// parents first. Keep the link and call [`IterLink::read`] once per cycle.
+    /// parents first. Keep the link and pass it to [`CgroupIter::walk`] once per cycle.
     pub fn link(&self, dir: &Path) -> Result<IterLink, ProbeError> {
         let prog: &Iter = self
             .ebpf

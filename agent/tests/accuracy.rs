@@ -17,10 +17,13 @@
 use std::{
     io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
+mod common;
+
+use common::TestCgroups;
 use kpulse_agent::{
     cgroupfs,
     collect::{self, CgroupfsCollector, Collector, EbpfCollector, Mode, Scope},
@@ -39,7 +42,7 @@ fn main() {
         workload(&args[2..]);
         return;
     }
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let ci = common::in_ci();
     if let Err(reason) = preflight() {
         if ci {
             eprintln!("accuracy: cannot run in CI: {reason}");
@@ -73,10 +76,7 @@ fn main() {
 }
 
 fn preflight() -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions.
-    #[allow(unsafe_code)]
-    let uid = unsafe { libc::geteuid() };
-    if uid != 0 {
+    if !common::is_root() {
         return Err("needs root (creates cgroups, loads eBPF)".into());
     }
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
@@ -96,50 +96,8 @@ fn object_override() -> Option<PathBuf> {
     std::env::var_os("KPULSE_EBPF_OBJECT").map(PathBuf::from)
 }
 
-/// The cgroups of the test, in every hierarchy that matters; removed on drop.
-struct TestCgroups {
-    dirs: Vec<PathBuf>,
-    children: Vec<Child>,
-    files: Vec<PathBuf>,
-}
-
+/// The accuracy test's own uses of the shared test cgroups.
 impl TestCgroups {
-    fn create(layout: &Layout, parent: &str, kids: &[&str]) -> TestCgroups {
-        let mounts: Vec<PathBuf> = match layout {
-            Layout::Unified { mount } => vec![mount.clone()],
-            Layout::Hybrid {
-                unified, memory, ..
-            } => vec![unified.clone(), memory.clone()],
-        };
-        let mut dirs = Vec::new();
-        for m in &mounts {
-            let p = m.join(parent);
-            std::fs::create_dir(&p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
-            dirs.push(p.clone());
-            if matches!(layout, Layout::Unified { .. }) {
-                enable_controllers(m, &p);
-            }
-            for k in kids {
-                let c = p.join(k);
-                std::fs::create_dir(&c).unwrap_or_else(|e| panic!("mkdir {}: {e}", c.display()));
-                dirs.push(c);
-            }
-        }
-        TestCgroups {
-            dirs,
-            children: Vec::new(),
-            files: Vec::new(),
-        }
-    }
-
-    fn procs_files(&self, kid: &str) -> Vec<PathBuf> {
-        self.dirs
-            .iter()
-            .filter(|d| d.file_name().is_some_and(|n| n == kid))
-            .map(|d| d.join("cgroup.procs"))
-            .collect()
-    }
-
     /// Makes cgroup `kid` a dying one: a process writes page cache charged to it and exits,
     /// then the cgroup is removed while the cache (kept in a file) still pins its memcg.
     /// The kernel keeps such cgroups on its lists, and the iterator walks past them.
@@ -198,36 +156,6 @@ impl TestCgroups {
         assert_eq!(line.trim(), "ready", "workload {kind} did not start");
         pid
     }
-}
-
-impl Drop for TestCgroups {
-    fn drop(&mut self) {
-        for f in &self.files {
-            let _ = std::fs::remove_file(f);
-        }
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        // Children first, then parents; retry briefly while the kernel releases them.
-        for d in self.dirs.iter().rev() {
-            for _ in 0..50 {
-                match std::fs::remove_dir(d) {
-                    Ok(()) => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                }
-            }
-        }
-    }
-}
-
-fn enable_controllers(mount: &Path, parent: &Path) {
-    // The root must delegate cpu and memory for the parent to have them.
-    let root_ctl = mount.join("cgroup.subtree_control");
-    let _ = std::fs::write(&root_ctl, "+cpu +memory");
-    std::fs::write(parent.join("cgroup.subtree_control"), "+cpu +memory")
-        .unwrap_or_else(|e| panic!("enable cpu/memory in {}: {e}", parent.display()));
 }
 
 fn schedstat_ns(pid: u32) -> u64 {

@@ -1,0 +1,1322 @@
+//! Attribution: which pod and container each sampled cgroup belongs to.
+//!
+//! A [`PodIndex`] is this node's pods as the agent knows them: their metadata (a [`PodSet`],
+//! what the stream's `pods`/`upserts`/`removed` describe) and how to find their containers'
+//! cgroups. [`PodIndex::join`] turns one collector [`Snapshot`] into per-pod counters.
+//!
+//! Two sources build the index, behind one handle, [`Attributor`], so that the tick loop and
+//! the shipper do not care which is used:
+//!
+//! - **cluster** ([`Attributor::cluster`]): a `kube` watcher and reflector of the Pods with
+//!   `spec.nodeName=<node>`. A cgroup is joined to a pod by the pod UID in its path
+//!   ([`cgroup_path::classify`]; static pods by their `kubernetes.io/config.mirror`
+//!   annotation) and to a container by the container id in its path, matched against
+//!   `status.containerStatuses`, `initContainerStatuses` and `ephemeralContainerStatuses`.
+//! - **standalone** ([`Attributor::from_file`]): `--pods-file`, a JSON description mapping
+//!   cgroup paths (relative to the cgroup mount, as the collector reports them) to pods and
+//!   containers, re-read when it changes:
+//!
+//!   ```json
+//!   {"pods":[{"uid":"u1","namespace":"default","name":"web","labels":{"app":"web"},
+//!             "containers":[{"name":"app","cgroup":"/demo/web/app"}]}]}
+//!   ```
+//!
+//! # Join rules
+//!
+//! - A pod's counters are sent only when **every** container it runs was measured (CPU and
+//!   memory): in cluster mode the containers whose status is `running`, in standalone mode
+//!   every listed container. Otherwise the pod is left out of the tick and counted
+//!   ([`Attribution::incomplete_pods`]), as the wire protocol requires.
+//! - A cgroup under kubepods whose pod is not in the index (not watched yet, or never), or
+//!   whose path is malformed, is counted ([`Attribution::unattributed`]) and not sent.
+//! - A container cgroup of a known pod whose id matches no running container status is the
+//!   pod's sandbox (pause) or a container the watch has not caught up with: not sent, not
+//!   counted. Container children (`init.scope`, ...) are already in their container's
+//!   hierarchical counters; pod-level and other cgroups of a pod are not containers.
+//! - The metadata set holds every pod of the source, with or without counters; a pod that
+//!   leaves the source is gone: [`PodSet::changes_since`] reports it as removed.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use kpulse_wire::{
+    stream::{PodCounters, PodMeta},
+    Bytes, CgroupId, ContainerSample, CpuNanos, UnixNanos,
+};
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use crate::{
+    cgroup_path::{self, CgroupKind, ContainerId, PodUid},
+    cgroupfs,
+    sample::Snapshot,
+};
+
+/// The annotation a mirror pod carries: the static pod's UID as kubelet names its cgroup.
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// How often `--pods-file` is checked for changes.
+pub const POD_FILE_POLL: Duration = Duration::from_secs(1);
+
+/// Largest accepted `--pods-file`.
+pub const MAX_POD_FILE_BYTES: u64 = 16 << 20;
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum AttributeError {
+    /// The pods file could not be read.
+    #[error("cannot read the pods file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The pods file is larger than [`MAX_POD_FILE_BYTES`].
+    #[error("the pods file {path} is {len} bytes, over the {MAX_POD_FILE_BYTES}-byte limit")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        len: u64,
+    },
+    /// The pods file is not the expected JSON.
+    #[error("the pods file {path} is not valid")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The pods file is JSON but describes something impossible.
+    #[error("the pods file {path}: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Result of this module.
+pub type Result<T, E = AttributeError> = std::result::Result<T, E>;
+
+/// The metadata of every pod the agent attributes, keyed by UID.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodSet {
+    pods: BTreeMap<String, PodMeta>,
+}
+
+/// What changed between two [`PodSet`]s: an `Update`'s `upserts` and `removed`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetaChanges {
+    /// Pods new, or whose metadata changed.
+    pub upserts: Vec<PodMeta>,
+    /// UIDs of pods gone.
+    pub removed: Vec<String>,
+}
+
+impl PodSet {
+    /// A set of these pods (a later duplicate UID replaces an earlier one).
+    pub fn new(pods: impl IntoIterator<Item = PodMeta>) -> PodSet {
+        PodSet {
+            pods: pods.into_iter().map(|p| (p.uid.clone(), p)).collect(),
+        }
+    }
+
+    /// The pod with this UID.
+    pub fn get(&self, uid: &str) -> Option<&PodMeta> {
+        self.pods.get(uid)
+    }
+
+    /// Number of pods.
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Whether there are no pods.
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    /// The pods, by UID.
+    pub fn iter(&self) -> impl Iterator<Item = &PodMeta> {
+        self.pods.values()
+    }
+
+    /// The pods as a `Snapshot`'s `pods`.
+    pub fn to_vec(&self) -> Vec<PodMeta> {
+        self.pods.values().cloned().collect()
+    }
+
+    /// The changes that turn `older` into `self`.
+    pub fn changes_since(&self, older: &PodSet) -> MetaChanges {
+        let upserts = self
+            .pods
+            .values()
+            .filter(|p| older.pods.get(&p.uid) != Some(*p))
+            .cloned()
+            .collect();
+        let removed = older
+            .pods
+            .keys()
+            .filter(|uid| !self.pods.contains_key(*uid))
+            .cloned()
+            .collect();
+        MetaChanges { upserts, removed }
+    }
+}
+
+/// A container the index knows: its pod, its name, and when it started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ContainerRef {
+    /// The pod's `metadata.uid`.
+    pod: String,
+    name: String,
+    started_at: Option<UnixNanos>,
+}
+
+/// This node's pods and how to find their containers' cgroups. Immutable: a source builds a
+/// new one when its pods change.
+#[derive(Clone, Debug, Default)]
+pub struct PodIndex {
+    pods: Arc<PodSet>,
+    /// Pod UID → the names of the containers that must all be measured.
+    required: HashMap<String, Vec<String>>,
+    /// UID as found in cgroup paths (the mirror hash for static pods) → `metadata.uid`.
+    by_cgroup_uid: HashMap<PodUid, String>,
+    /// Container id → container (cluster mode).
+    by_container: HashMap<ContainerId, ContainerRef>,
+    /// Normalised cgroup path → container (standalone mode).
+    by_path: HashMap<String, ContainerRef>,
+    ready: bool,
+}
+
+/// One tick's attribution.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Attribution {
+    /// Counters of every pod whose containers were all measured, by UID; containers by name.
+    pub counters: Vec<PodCounters>,
+    /// Cgroups under kubepods that could not be joined to a known pod (unknown UID or a
+    /// malformed path).
+    pub unattributed: u64,
+    /// Known pods left out because some of their running containers were not measured.
+    pub incomplete_pods: u64,
+}
+
+impl PodIndex {
+    /// An index that knows no pod and is not ready (the watch has not listed yet).
+    pub fn empty() -> PodIndex {
+        PodIndex::default()
+    }
+
+    /// Whether the source has delivered a complete view (the first list, the first file).
+    pub fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    /// The pods' metadata.
+    pub fn pods(&self) -> &Arc<PodSet> {
+        &self.pods
+    }
+
+    /// Keeps `older`'s metadata set when it is equal to this one's, so that consumers can
+    /// tell "unchanged" by pointer ([`Arc::ptr_eq`]).
+    pub fn share_unchanged(&mut self, older: &PodIndex) {
+        if self.pods == older.pods {
+            self.pods = older.pods.clone();
+        }
+    }
+
+    /// Builds the index from Pod objects (cluster mode). Pods without a UID, name or
+    /// namespace are skipped.
+    pub fn from_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> PodIndex {
+        let mut metas = Vec::new();
+        let mut index = PodIndex {
+            ready: true,
+            ..PodIndex::default()
+        };
+        for pod in pods {
+            let Some(meta) = pod_meta(pod) else { continue };
+            let uid = meta.uid.clone();
+            if let Some(u) = PodUid::parse(&uid) {
+                index.by_cgroup_uid.insert(u, uid.clone());
+            }
+            if let Some(hash) = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(MIRROR_ANNOTATION))
+                .and_then(|h| PodUid::parse(h))
+            {
+                index.by_cgroup_uid.insert(hash, uid.clone());
+            }
+            let mut required = Vec::new();
+            for (name, id, started_at) in running_containers(pod) {
+                required.push(name.clone());
+                index.by_container.insert(
+                    id,
+                    ContainerRef {
+                        pod: uid.clone(),
+                        name,
+                        started_at,
+                    },
+                );
+            }
+            required.sort();
+            index.required.insert(uid, required);
+            metas.push(meta);
+        }
+        index.pods = Arc::new(PodSet::new(metas));
+        index
+    }
+
+    /// Builds the index from a pods file's contents (standalone mode).
+    ///
+    /// # Errors
+    ///
+    /// [`AttributeError::Invalid`] for empty or duplicate UIDs, container names or cgroup
+    /// paths.
+    pub fn from_file_contents(path: &Path, file: PodsFile) -> Result<PodIndex> {
+        let invalid = |reason: String| AttributeError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let mut metas = Vec::new();
+        let mut index = PodIndex {
+            ready: true,
+            ..PodIndex::default()
+        };
+        for (i, pod) in file.pods.into_iter().enumerate() {
+            for (field, v) in [
+                ("uid", &pod.uid),
+                ("namespace", &pod.namespace),
+                ("name", &pod.name),
+            ] {
+                if v.is_empty() {
+                    return Err(invalid(format!("pods[{i}] has an empty {field}")));
+                }
+            }
+            if index.required.contains_key(&pod.uid) {
+                return Err(invalid(format!("pod uid {:?} appears twice", pod.uid)));
+            }
+            if pod.containers.is_empty() {
+                return Err(invalid(format!(
+                    "pod {}/{} lists no containers",
+                    pod.namespace, pod.name
+                )));
+            }
+            let mut names = HashSet::new();
+            let mut required = Vec::new();
+            for c in pod.containers {
+                let cgroup = cgroupfs::normalise_rel(&c.cgroup);
+                if c.name.is_empty() || cgroup == "/" || c.cgroup.split('/').any(|s| s == "..") {
+                    return Err(invalid(format!(
+                        "pod {}/{}: every container needs a name and a cgroup below the root \
+                         without `..`",
+                        pod.namespace, pod.name
+                    )));
+                }
+                if !names.insert(c.name.clone()) {
+                    return Err(invalid(format!(
+                        "pod {}/{}: container {:?} appears twice",
+                        pod.namespace, pod.name, c.name
+                    )));
+                }
+                if let Some(u) = cgroup_path::classify(&cgroup)
+                    .ok()
+                    .and_then(|k| k.pod_uid().cloned())
+                {
+                    index.by_cgroup_uid.insert(u, pod.uid.clone());
+                }
+                let r = ContainerRef {
+                    pod: pod.uid.clone(),
+                    name: c.name.clone(),
+                    started_at: None,
+                };
+                if index.by_path.insert(cgroup.clone(), r).is_some() {
+                    return Err(invalid(format!("cgroup {cgroup} is listed twice")));
+                }
+                required.push(c.name);
+            }
+            required.sort();
+            index.required.insert(pod.uid.clone(), required);
+            metas.push(PodMeta {
+                uid: pod.uid,
+                namespace: pod.namespace,
+                name: pod.name,
+                labels: pod.labels,
+            });
+        }
+        index.pods = Arc::new(PodSet::new(metas));
+        Ok(index)
+    }
+
+    /// Reads and parses a pods file (blocking I/O).
+    ///
+    /// # Errors
+    ///
+    /// Reading, size, JSON and validity errors.
+    pub fn read_file(path: &Path) -> Result<PodIndex> {
+        let read_err = |source| AttributeError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let len = std::fs::metadata(path).map_err(read_err)?.len();
+        if len > MAX_POD_FILE_BYTES {
+            return Err(AttributeError::TooLarge {
+                path: path.to_path_buf(),
+                len,
+            });
+        }
+        let bytes = std::fs::read(path).map_err(read_err)?;
+        let file: PodsFile =
+            serde_json::from_slice(&bytes).map_err(|source| AttributeError::Parse {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        PodIndex::from_file_contents(path, file)
+    }
+
+    /// Joins one collection with this index.
+    pub fn join(&self, snap: &Snapshot) -> Attribution {
+        let mut measured: HashMap<&str, Vec<ContainerSample>> = HashMap::new();
+        let mut unattributed = 0u64;
+        for c in &snap.cgroups {
+            let found = match self.by_path.get(&*c.path) {
+                Some(r) => Some(r),
+                None => match cgroup_path::classify(&c.path) {
+                    Ok(CgroupKind::NotKubernetes | CgroupKind::KubepodsRoot { .. }) => None,
+                    Ok(kind) => {
+                        let pod = kind.pod_uid().and_then(|u| self.by_cgroup_uid.get(u));
+                        match (pod, &kind) {
+                            (None, _) => {
+                                unattributed += 1;
+                                None
+                            }
+                            (Some(pod), CgroupKind::Container { id, .. }) => {
+                                self.by_container.get(id).filter(|r| r.pod == *pod)
+                            }
+                            (Some(_), _) => None,
+                        }
+                    }
+                    Err(_) => {
+                        unattributed += 1;
+                        None
+                    }
+                },
+            };
+            let (Some(r), Some(cpu), Some(memory)) = (found, c.cpu, c.memory) else {
+                continue;
+            };
+            measured.entry(&r.pod).or_default().push(ContainerSample {
+                name: r.name.clone(),
+                timestamp: UnixNanos(snap.timestamp.0),
+                cgroup_id: Some(CgroupId(c.id.0)),
+                started_at: r.started_at,
+                cpu: CpuNanos(cpu.0),
+                memory_working_set: Bytes(memory.working_set.0),
+            });
+        }
+        let mut counters = Vec::new();
+        let mut incomplete_pods = 0u64;
+        for meta in self.pods.iter() {
+            let Some(required) = self.required.get(&meta.uid) else {
+                continue;
+            };
+            if required.is_empty() {
+                continue;
+            }
+            let Some(mut containers) = measured.remove(meta.uid.as_str()) else {
+                incomplete_pods += 1;
+                continue;
+            };
+            containers.sort_by(|a, b| a.name.cmp(&b.name));
+            containers.dedup_by(|a, b| a.name == b.name);
+            let complete = containers.len() == required.len()
+                && containers
+                    .iter()
+                    .zip(required)
+                    .all(|(c, name)| c.name == *name);
+            if complete {
+                counters.push(PodCounters {
+                    uid: meta.uid.clone(),
+                    containers,
+                });
+            } else {
+                incomplete_pods += 1;
+            }
+        }
+        Attribution {
+            counters,
+            unattributed,
+            incomplete_pods,
+        }
+    }
+}
+
+/// `--pods-file`: the pods of a node without a Kubernetes API.
+#[derive(Clone, Debug, Deserialize)]
+pub struct PodsFile {
+    /// The pods.
+    pub pods: Vec<FilePod>,
+}
+
+/// One pod of a [`PodsFile`].
+#[derive(Clone, Debug, Deserialize)]
+pub struct FilePod {
+    /// `metadata.uid` (any unique string).
+    pub uid: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.labels`.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The containers, each with its cgroup.
+    pub containers: Vec<FileContainer>,
+}
+
+/// One container of a [`FilePod`].
+#[derive(Clone, Debug, Deserialize)]
+pub struct FileContainer {
+    /// The container's name.
+    pub name: String,
+    /// Its cgroup, relative to the cgroup mount (`/demo/web/app`).
+    pub cgroup: String,
+}
+
+fn pod_meta(pod: &Pod) -> Option<PodMeta> {
+    let m = &pod.metadata;
+    Some(PodMeta {
+        uid: m.uid.clone().filter(|s| !s.is_empty())?,
+        namespace: m.namespace.clone().filter(|s| !s.is_empty())?,
+        name: m.name.clone().filter(|s| !s.is_empty())?,
+        labels: m.labels.clone().unwrap_or_default(),
+    })
+}
+
+/// The running containers of a pod (app, init and ephemeral): name, id, start time.
+fn running_containers(pod: &Pod) -> Vec<(String, ContainerId, Option<UnixNanos>)> {
+    let Some(status) = &pod.status else {
+        return Vec::new();
+    };
+    let lists: [&Option<Vec<ContainerStatus>>; 3] = [
+        &status.container_statuses,
+        &status.init_container_statuses,
+        &status.ephemeral_container_statuses,
+    ];
+    lists
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|s| {
+            let running = s.state.as_ref()?.running.as_ref()?;
+            let id = ContainerId::from_status(s.container_id.as_deref()?)?;
+            let started_at = running.started_at.as_ref().and_then(|t| {
+                let ns = t.0.as_nanosecond();
+                u64::try_from(ns).ok().map(UnixNanos)
+            });
+            Some((s.name.clone(), id, started_at))
+        })
+        .collect()
+}
+
+/// Keeps what [`PodIndex::from_pods`] reads, before the reflector caches a pod.
+fn strip(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    pod.metadata.owner_references = None;
+    pod.metadata.finalizers = None;
+    if let Some(a) = pod.metadata.annotations.as_mut() {
+        a.retain(|k, _| k == MIRROR_ANNOTATION);
+    }
+    pod.spec = None;
+    if let Some(s) = pod.status.as_mut() {
+        s.conditions = None;
+        s.pod_ips = None;
+        s.host_ips = None;
+        s.resource_claim_statuses = None;
+        s.message = None;
+        for list in [
+            &mut s.container_statuses,
+            &mut s.init_container_statuses,
+            &mut s.ephemeral_container_statuses,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            for c in list {
+                c.image = String::new();
+                c.image_id = String::new();
+                c.last_state = None;
+                c.resources = None;
+                c.volume_mounts = None;
+                c.allocated_resources = None;
+                c.allocated_resources_status = None;
+                c.user = None;
+            }
+        }
+    }
+}
+
+/// The current [`PodIndex`], kept up to date by a background task (or fixed).
+///
+/// Cloning is cheap; the task ends when the last clone is dropped.
+#[derive(Clone, Debug)]
+pub struct Attributor {
+    rx: watch::Receiver<Arc<PodIndex>>,
+}
+
+impl Attributor {
+    /// An attributor whose index never changes (tests, load generators).
+    pub fn fixed(index: PodIndex) -> Attributor {
+        let (_tx, rx) = watch::channel(Arc::new(index));
+        Attributor { rx }
+    }
+
+    /// The index as of now.
+    pub fn current(&self) -> Arc<PodIndex> {
+        self.rx.borrow().clone()
+    }
+
+    /// A receiver that sees every new index.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<PodIndex>> {
+        self.rx.clone()
+    }
+
+    /// Standalone mode: reads `path` now (an error is a configuration error), then checks it
+    /// every `poll` and re-reads it when its inode, size or modification time changes. A later
+    /// unreadable or invalid file is logged and the previous pods are kept.
+    ///
+    /// # Errors
+    ///
+    /// The first read's errors.
+    pub async fn from_file(path: PathBuf, poll: Duration) -> Result<Attributor> {
+        let p = path.clone();
+        let (first, stamp) = tokio::task::spawn_blocking(move || {
+            let stamp = file_stamp(&p);
+            PodIndex::read_file(&p).map(|i| (i, stamp))
+        })
+        .await
+        .map_err(|e| AttributeError::Read {
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        })??;
+        tracing::info!(path = %path.display(), pods = first.pods().len(), "pods file read");
+        let (tx, rx) = watch::channel(Arc::new(first));
+        tokio::spawn(follow_file(path, poll, stamp, tx));
+        Ok(Attributor { rx })
+    }
+
+    /// Cluster mode: watches the Pods bound to `node_name` through `client`, with the
+    /// watcher's default backoff on errors. The index is empty and not ready until the first
+    /// list completes.
+    pub fn cluster(client: kube::Client, node_name: &str) -> Attributor {
+        let (tx, rx) = watch::channel(Arc::new(PodIndex::empty()));
+        tokio::spawn(watch_pods(client, node_name.to_owned(), tx));
+        Attributor { rx }
+    }
+}
+
+/// What tells a changed file: inode (replaced by a rename), size, modification time.
+type FileStamp = Option<(u64, u64, SystemTime)>;
+
+fn file_stamp(path: &Path) -> FileStamp {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.ino(), m.len(), m.modified().ok()?))
+}
+
+async fn follow_file(
+    path: PathBuf,
+    poll: Duration,
+    mut stamp: FileStamp,
+    tx: watch::Sender<Arc<PodIndex>>,
+) {
+    let mut last_error: Option<String> = None;
+    let mut ticker = tokio::time::interval(poll);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = tx.closed() => return,
+        }
+        let p = path.clone();
+        let Ok((now, read)) = tokio::task::spawn_blocking(move || {
+            let now = file_stamp(&p);
+            (now, (now.is_some()).then(|| PodIndex::read_file(&p)))
+        })
+        .await
+        else {
+            continue;
+        };
+        if now == stamp && last_error.is_none() {
+            continue;
+        }
+        match read {
+            Some(Ok(mut index)) => {
+                stamp = now;
+                if last_error.take().is_some() {
+                    tracing::info!(path = %path.display(), "pods file valid again");
+                }
+                let old = tx.borrow().clone();
+                index.share_unchanged(&old);
+                if !Arc::ptr_eq(index.pods(), old.pods()) {
+                    tracing::info!(path = %path.display(), pods = index.pods().len(), "pods file changed");
+                }
+                tx.send_replace(Arc::new(index));
+            }
+            Some(Err(e)) => {
+                stamp = now;
+                let msg = crate::error::chain(&e);
+                if last_error.as_deref() != Some(msg.as_str()) {
+                    tracing::error!(error = %msg, "pods file unusable; keeping the previous pods");
+                    last_error = Some(msg);
+                }
+            }
+            None => {
+                let msg = format!("{} is gone", path.display());
+                if last_error.as_deref() != Some(msg.as_str()) {
+                    tracing::warn!(path = %path.display(), "pods file gone; keeping the previous pods");
+                    last_error = Some(msg);
+                }
+            }
+        }
+    }
+}
+
+async fn watch_pods(client: kube::Client, node_name: String, tx: watch::Sender<Arc<PodIndex>>) {
+    use kube::runtime::{reflector, watcher, WatchStreamExt};
+    let api: kube::Api<Pod> = kube::Api::all(client);
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
+    let (reader, writer) = reflector::store::<Pod>();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(strip)
+        .reflect(writer);
+    let mut stream = std::pin::pin!(stream);
+    let mut failing = false;
+    loop {
+        let event = tokio::select! {
+            e = stream.next() => e,
+            () = tx.closed() => return,
+        };
+        let Some(event) = event else {
+            tracing::error!("the pod watch ended");
+            return;
+        };
+        match event {
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
+            Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                if failing {
+                    tracing::info!(node = %node_name, "pod watch recovered");
+                    failing = false;
+                }
+                let state = reader.state();
+                let mut index = PodIndex::from_pods(state.iter().map(|p| p.as_ref()));
+                let old = tx.borrow().clone();
+                index.share_unchanged(&old);
+                if !old.is_ready() {
+                    tracing::info!(node = %node_name, pods = index.pods().len(), "pods listed");
+                }
+                tx.send_replace(Arc::new(index));
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %crate::error::chain(&e), "pod watch failing; retrying with backoff");
+                    failing = true;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::core::v1::{
+            ContainerState, ContainerStateRunning, ContainerStateTerminated, PodStatus,
+        },
+        apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    };
+
+    use super::*;
+    use crate::sample::{self, CgroupSample, Memory, NodeSample, Source};
+
+    const U1: &str = "5f8c0f2a-1b2c-4d3e-9f00-0123456789ab";
+    const U2: &str = "0b5e0000-1111-4222-8333-444455556666";
+    const STATIC: &str = "6a3b1c9d2e4f5a6b7c8d9e0f1a2b3c4d";
+
+    fn id(c: char) -> String {
+        std::iter::repeat_n(c, 64).collect()
+    }
+
+    fn status(name: &str, id: &str, running: bool) -> ContainerStatus {
+        ContainerStatus {
+            name: name.into(),
+            container_id: Some(format!("containerd://{id}")),
+            state: Some(if running {
+                ContainerState {
+                    running: Some(ContainerStateRunning {
+                        started_at: Some(Time(
+                            k8s_openapi::jiff::Timestamp::from_second(1_700_000_000)
+                                .expect("timestamp"),
+                        )),
+                    }),
+                    ..ContainerState::default()
+                }
+            } else {
+                ContainerState {
+                    terminated: Some(ContainerStateTerminated::default()),
+                    ..ContainerState::default()
+                }
+            }),
+            ..ContainerStatus::default()
+        }
+    }
+
+    fn pod(uid: &str, name: &str, statuses: PodStatus) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                uid: Some(uid.into()),
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                labels: Some(BTreeMap::from([("app".into(), name.into())])),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+            status: Some(statuses),
+        }
+    }
+
+    fn pod_path(uid: &str) -> String {
+        format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+            uid.replace('-', "_")
+        )
+    }
+
+    fn ctr_path(uid: &str, id: &str) -> String {
+        format!("{}/cri-containerd-{id}.scope", pod_path(uid))
+    }
+
+    fn cg(path: &str, ino: u64, cpu: u64) -> CgroupSample {
+        CgroupSample {
+            path: path.into(),
+            id: sample::CgroupId(ino),
+            cpu: Some(sample::CpuNanos(cpu)),
+            memory: Some(Memory::from_raw(
+                sample::Bytes(1000),
+                sample::Bytes(100),
+                sample::Bytes(10),
+            )),
+        }
+    }
+
+    fn snap(cgroups: Vec<CgroupSample>) -> Snapshot {
+        Snapshot {
+            timestamp: sample::UnixNanos(42),
+            source: Source::Cgroupfs,
+            cgroups,
+            node: NodeSample {
+                cpu: sample::CpuNanos(1),
+                memory_working_set: sample::Bytes(2),
+            },
+            dropped: 0,
+        }
+    }
+
+    /// A web pod (app + sidecar running, an init container that finished) and a static pod.
+    fn cluster() -> (Vec<Pod>, Vec<CgroupSample>) {
+        let web = pod(
+            U1,
+            "web",
+            PodStatus {
+                container_statuses: Some(vec![
+                    status("app", &id('a'), true),
+                    status("sidecar", &id('b'), true),
+                ]),
+                init_container_statuses: Some(vec![status("setup", &id('c'), false)]),
+                ..PodStatus::default()
+            },
+        );
+        let mut etcd = pod(
+            "mirror-uid",
+            "etcd-node1",
+            PodStatus {
+                container_statuses: Some(vec![status("etcd", &id('e'), true)]),
+                ..PodStatus::default()
+            },
+        );
+        etcd.metadata.annotations = Some(BTreeMap::from([(
+            MIRROR_ANNOTATION.to_string(),
+            STATIC.to_string(),
+        )]));
+        let cgroups = vec![
+            cg("/", 1, 0),
+            cg("/system.slice/sshd.service", 2, 5),
+            cg(&pod_path(U1), 10, 300),
+            cg(&ctr_path(U1, &id('a')), 11, 100),
+            cg(&format!("{}/init.scope", ctr_path(U1, &id('a'))), 12, 50),
+            cg(&ctr_path(U1, &id('b')), 13, 200),
+            // The sandbox: a container of the pod that no status names.
+            cg(&ctr_path(U1, &id('f')), 14, 1),
+            cg(
+                &format!("/kubepods.slice/kubepods-pod{STATIC}.slice"),
+                20,
+                7,
+            ),
+            cg(
+                &format!(
+                    "/kubepods.slice/kubepods-pod{STATIC}.slice/cri-containerd-{}.scope",
+                    id('e')
+                ),
+                21,
+                7,
+            ),
+        ];
+        (vec![web, etcd], cgroups)
+    }
+
+    #[test]
+    fn statuses_become_containers_and_pods_join() {
+        let (pods, cgroups) = cluster();
+        let index = PodIndex::from_pods(&pods);
+        assert!(index.is_ready());
+        let a = index.join(&snap(cgroups));
+        assert_eq!(a.unattributed, 0);
+        assert_eq!(a.incomplete_pods, 0);
+        assert_eq!(a.counters.len(), 2);
+        let web = a.counters.iter().find(|p| p.uid == U1).expect("web sent");
+        let names: Vec<&str> = web.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["app", "sidecar"]);
+        let app = &web.containers[0];
+        assert_eq!(
+            app.cpu,
+            CpuNanos(100),
+            "the container, not its child or the pod"
+        );
+        assert_eq!(app.cgroup_id, Some(CgroupId(11)));
+        assert_eq!(app.memory_working_set, Bytes(900));
+        assert_eq!(app.timestamp, UnixNanos(42));
+        assert_eq!(app.started_at, Some(UnixNanos(1_700_000_000_000_000_000)));
+        let etcd = a
+            .counters
+            .iter()
+            .find(|p| p.uid == "mirror-uid")
+            .expect("static pod joined by its mirror annotation");
+        assert_eq!(etcd.containers[0].name, "etcd");
+        let meta = index.pods().get(U1).expect("meta");
+        assert_eq!(meta.name, "web");
+        assert_eq!(meta.labels["app"], "web");
+    }
+
+    #[test]
+    fn running_init_and_ephemeral_containers_count() {
+        let p = pod(
+            U1,
+            "web",
+            PodStatus {
+                container_statuses: Some(vec![status("app", &id('a'), true)]),
+                init_container_statuses: Some(vec![status("proxy", &id('c'), true)]),
+                ephemeral_container_statuses: Some(vec![status("debug", &id('d'), true)]),
+                ..PodStatus::default()
+            },
+        );
+        let index = PodIndex::from_pods([&p]);
+        let all = vec![
+            cg(&ctr_path(U1, &id('a')), 1, 1),
+            cg(&ctr_path(U1, &id('c')), 2, 1),
+            cg(&ctr_path(U1, &id('d')), 3, 1),
+        ];
+        let a = index.join(&snap(all.clone()));
+        let names: Vec<&str> = a.counters[0]
+            .containers
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(names, ["app", "debug", "proxy"]);
+        // Without the ephemeral container's cgroup the pod is incomplete.
+        let a = index.join(&snap(all[..2].to_vec()));
+        assert!(a.counters.is_empty());
+        assert_eq!(a.incomplete_pods, 1);
+    }
+
+    #[test]
+    fn partial_pods_are_dropped() {
+        let (pods, mut cgroups) = cluster();
+        let index = PodIndex::from_pods(&pods);
+        // The sidecar's cgroup is gone (or over --max-cgroups).
+        cgroups.retain(|c| !c.path.contains(&id('b')));
+        let a = index.join(&snap(cgroups.clone()));
+        assert_eq!(a.incomplete_pods, 1);
+        assert!(a.counters.iter().all(|p| p.uid != U1));
+        // A container without memory figures is not measured either.
+        let (_, mut cgroups) = cluster();
+        for c in &mut cgroups {
+            if c.path.ends_with(&format!("{}.scope", id('a'))) {
+                c.memory = None;
+            }
+        }
+        let a = index.join(&snap(cgroups));
+        assert_eq!(a.incomplete_pods, 1);
+        assert_eq!(a.counters.len(), 1);
+    }
+
+    #[test]
+    fn unknown_pods_are_counted_not_sent() {
+        let (pods, mut cgroups) = cluster();
+        cgroups.push(cg(&pod_path(U2), 30, 1));
+        cgroups.push(cg(&ctr_path(U2, &id('9')), 31, 1));
+        cgroups.push(cg("/kubepods/burstable/podnot-a-uid", 32, 1));
+        let index = PodIndex::from_pods(&pods);
+        let a = index.join(&snap(cgroups.clone()));
+        assert_eq!(a.unattributed, 3);
+        assert_eq!(a.counters.len(), 2);
+        // Before the first list everything under kubepods is unattributed.
+        let a = PodIndex::empty().join(&snap(cgroups));
+        assert!(a.counters.is_empty());
+        assert_eq!(a.unattributed, 10);
+        assert!(!PodIndex::empty().is_ready());
+    }
+
+    #[test]
+    fn a_container_id_of_another_pod_is_not_joined() {
+        let (pods, mut cgroups) = cluster();
+        // The web pod's app id found under the static pod's cgroup: not web's container.
+        cgroups.retain(|c| !c.path.contains(&id('a')));
+        cgroups.push(cg(
+            &format!(
+                "/kubepods.slice/kubepods-pod{STATIC}.slice/cri-containerd-{}.scope",
+                id('a')
+            ),
+            40,
+            1,
+        ));
+        let a = PodIndex::from_pods(&pods).join(&snap(cgroups));
+        assert!(a.counters.iter().all(|p| p.uid != U1));
+    }
+
+    #[test]
+    fn removal_and_changes_are_detected() {
+        let (mut pods, _) = cluster();
+        let before = PodIndex::from_pods(&pods);
+        // Same pods: same set, shared.
+        let mut same = PodIndex::from_pods(&pods);
+        same.share_unchanged(&before);
+        assert!(Arc::ptr_eq(same.pods(), before.pods()));
+        assert_eq!(
+            same.pods().changes_since(before.pods()),
+            MetaChanges::default()
+        );
+        // The static pod disappears from the watch, web is relabelled, a new pod comes.
+        pods.retain(|p| p.metadata.name.as_deref() != Some("etcd-node1"));
+        pods[0]
+            .metadata
+            .labels
+            .as_mut()
+            .expect("labels")
+            .insert("v".into(), "2".into());
+        pods.push(pod(U2, "new", PodStatus::default()));
+        let mut after = PodIndex::from_pods(&pods);
+        after.share_unchanged(&before);
+        assert!(!Arc::ptr_eq(after.pods(), before.pods()));
+        let ch = after.pods().changes_since(before.pods());
+        assert_eq!(ch.removed, ["mirror-uid"]);
+        let up: Vec<&str> = ch.upserts.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(up, ["new", "web"]);
+        // Everything gone.
+        let ch = PodSet::default().changes_since(after.pods());
+        assert_eq!(ch.removed.len(), 2);
+        assert!(ch.upserts.is_empty());
+    }
+
+    #[test]
+    fn stripping_keeps_what_the_join_reads() {
+        let (pods, cgroups) = cluster();
+        let mut stripped = pods.clone();
+        for p in &mut stripped {
+            p.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert("big".into(), "x".into());
+            strip(p);
+        }
+        let a = PodIndex::from_pods(&pods).join(&snap(cgroups.clone()));
+        let b = PodIndex::from_pods(&stripped).join(&snap(cgroups));
+        assert_eq!(a, b);
+        assert!(stripped.iter().all(|p| p
+            .metadata
+            .annotations
+            .as_ref()
+            .is_none_or(|a| !a.contains_key("big"))));
+    }
+
+    fn file(json: &str) -> Result<PodIndex> {
+        let f: PodsFile = serde_json::from_str(json).expect("json");
+        PodIndex::from_file_contents(Path::new("pods.json"), f)
+    }
+
+    #[test]
+    fn pods_file_maps_paths() {
+        let index = file(
+            r#"{"pods":[{"uid":"u1","namespace":"demo","name":"web","labels":{"a":"b"},
+                "containers":[{"name":"app","cgroup":"demo/web/app/"},{"name":"db","cgroup":"/demo/web/db"}]},
+              {"uid":"u2","namespace":"demo","name":"idle","containers":[{"name":"x","cgroup":"/demo/idle"}]}]}"#,
+        )
+        .expect("valid");
+        let a = index.join(&snap(vec![
+            cg("/demo", 1, 1),
+            cg("/demo/web/app", 2, 10),
+            cg("/demo/web/db", 3, 20),
+            cg(
+                "/kubepods/burstable/pod5f8c0f2a-1b2c-4d3e-9f00-0123456789ab",
+                4,
+                1,
+            ),
+        ]));
+        assert_eq!(a.counters.len(), 1);
+        assert_eq!(a.counters[0].uid, "u1");
+        assert_eq!(a.counters[0].containers[1].cpu, CpuNanos(20));
+        assert_eq!(a.counters[0].containers[1].started_at, None);
+        assert_eq!(a.incomplete_pods, 1, "idle has no cgroup this tick");
+        assert_eq!(
+            a.unattributed, 1,
+            "a kubepods cgroup the file does not know"
+        );
+        assert_eq!(index.pods().get("u1").expect("u1").labels["a"], "b");
+        assert_eq!(index.pods().len(), 2);
+    }
+
+    #[test]
+    fn pods_file_with_kubepods_paths_knows_their_pods() {
+        let index = file(&format!(
+            r#"{{"pods":[{{"uid":"u1","namespace":"demo","name":"web",
+                "containers":[{{"name":"app","cgroup":"{}"}}]}}]}}"#,
+            ctr_path(U1, &id('a'))
+        ))
+        .expect("valid");
+        let a = index.join(&snap(vec![
+            cg(&pod_path(U1), 1, 1),
+            cg(&ctr_path(U1, &id('a')), 2, 1),
+            cg(&ctr_path(U1, &id('f')), 3, 1),
+        ]));
+        assert_eq!(a.unattributed, 0);
+        assert_eq!(a.counters.len(), 1);
+    }
+
+    #[test]
+    fn invalid_pods_files_are_refused() {
+        for (json, want) in [
+            (
+                r#"{"pods":[{"uid":"","namespace":"d","name":"n","containers":[{"name":"a","cgroup":"/x"}]}]}"#,
+                "empty uid",
+            ),
+            (
+                r#"{"pods":[{"uid":"u","namespace":"d","name":"n","containers":[]}]}"#,
+                "no containers",
+            ),
+            (
+                r#"{"pods":[{"uid":"u","namespace":"d","name":"n","containers":[{"name":"a","cgroup":"/x"},{"name":"a","cgroup":"/y"}]}]}"#,
+                "twice",
+            ),
+            (
+                r#"{"pods":[{"uid":"u","namespace":"d","name":"n","containers":[{"name":"a","cgroup":"/x"}]},
+                         {"uid":"u","namespace":"d","name":"m","containers":[{"name":"a","cgroup":"/y"}]}]}"#,
+                "twice",
+            ),
+            (
+                r#"{"pods":[{"uid":"u","namespace":"d","name":"n","containers":[{"name":"a","cgroup":"/x"}]},
+                         {"uid":"v","namespace":"d","name":"m","containers":[{"name":"a","cgroup":"x/"}]}]}"#,
+                "listed twice",
+            ),
+            (
+                r#"{"pods":[{"uid":"u","namespace":"d","name":"n","containers":[{"name":"a","cgroup":"/"}]}]}"#,
+                "below the root",
+            ),
+            (
+                r#"{"pods":[{"uid":"u","namespace":"d","name":"n","containers":[{"name":"a","cgroup":"/x/../y"}]}]}"#,
+                "without `..`",
+            ),
+        ] {
+            let err = file(json).expect_err(want).to_string();
+            assert!(err.contains(want), "{err} lacks {want}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_pods_file_is_followed_and_a_bad_one_ignored() {
+        let dir = std::env::temp_dir().join(format!("kpulse-podsfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let path = dir.join("pods.json");
+        let pods = |n: usize| {
+            let list: Vec<String> = (0..n)
+                .map(|i| {
+                    format!(
+                        r#"{{"uid":"u{i}","namespace":"d","name":"p{i}","containers":[{{"name":"c","cgroup":"/p{i}"}}]}}"#
+                    )
+                })
+                .collect();
+            format!(r#"{{"pods":[{}]}}"#, list.join(","))
+        };
+        std::fs::write(&path, pods(1)).expect("write");
+        assert!(
+            Attributor::from_file(dir.join("missing.json"), Duration::from_millis(20))
+                .await
+                .is_err()
+        );
+        let a = Attributor::from_file(path.clone(), Duration::from_millis(20))
+            .await
+            .expect("valid file");
+        let mut rx = a.subscribe();
+        assert_eq!(a.current().pods().len(), 1);
+        std::fs::write(&path, pods(2)).expect("write");
+        tokio::time::timeout(Duration::from_secs(5), rx.changed())
+            .await
+            .expect("re-read in time")
+            .expect("alive");
+        assert_eq!(a.current().pods().len(), 2);
+        // A broken file keeps the previous pods; a valid one is taken again.
+        std::fs::write(&path, "{not json").expect("write");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(a.current().pods().len(), 2);
+        std::fs::write(&path, pods(3)).expect("write");
+        tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|i| i.pods().len() == 3))
+            .await
+            .expect("re-read in time")
+            .expect("alive");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A scripted API server: lists the node's pods, then streams watch events the test
+    /// sends; records every request's path and query.
+    mod cluster {
+        use std::convert::Infallible;
+
+        use bytes::Bytes;
+        use http_body_util::{Full, StreamBody};
+        use hyper::body::Frame;
+        use tokio::sync::mpsc;
+
+        use super::*;
+
+        type BoxBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+        fn client(
+            pods: Vec<Pod>,
+            watch: mpsc::Receiver<Bytes>,
+            seen: mpsc::Sender<String>,
+        ) -> kube::Client {
+            let watch = Arc::new(tokio::sync::Mutex::new(Some(watch)));
+            let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+                let pods = pods.clone();
+                let watch = watch.clone();
+                let seen = seen.clone();
+                async move {
+                    let uri = req.uri().to_string();
+                    let _ = seen.send(uri.clone()).await;
+                    let body: BoxBody = if uri.contains("watch=true") {
+                        match watch.lock().await.take() {
+                            Some(rx) => {
+                                let stream =
+                                    futures_util::stream::unfold(rx, |mut rx| async move {
+                                        rx.recv()
+                                            .await
+                                            .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+                                    });
+                                BoxBody::new(StreamBody::new(stream))
+                            }
+                            // Later watches hang (a quiet watch), never end.
+                            None => BoxBody::new(StreamBody::new(futures_util::stream::pending())),
+                        }
+                    } else {
+                        let list = serde_json::json!({
+                            "apiVersion": "v1", "kind": "PodList",
+                            "metadata": {"resourceVersion": "10"},
+                            "items": pods,
+                        });
+                        BoxBody::new(Full::new(Bytes::from(list.to_string())))
+                    };
+                    let mut r = http::Response::new(body);
+                    r.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/json"),
+                    );
+                    Ok::<_, Infallible>(r)
+                }
+            });
+            kube::Client::new(service, "default")
+        }
+
+        fn event(kind: &str, pod: &Pod) -> Bytes {
+            let mut line = serde_json::json!({"type": kind, "object": pod}).to_string();
+            line.push('\n');
+            Bytes::from(line)
+        }
+
+        async fn next_index(rx: &mut watch::Receiver<Arc<PodIndex>>) -> Arc<PodIndex> {
+            tokio::time::timeout(Duration::from_secs(10), rx.changed())
+                .await
+                .expect("a new index in time")
+                .expect("source alive");
+            rx.borrow_and_update().clone()
+        }
+
+        #[tokio::test]
+        async fn the_reflector_follows_this_nodes_pods() {
+            let (pods, cgroups) = cluster();
+            let mut web = pods[0].clone();
+            web.metadata.resource_version = Some("11".into());
+            let (watch_tx, watch_rx) = mpsc::channel(8);
+            let (seen_tx, mut seen) = mpsc::channel(64);
+            let attributor =
+                Attributor::cluster(client(vec![pods[1].clone()], watch_rx, seen_tx), "node-1");
+            assert!(!attributor.current().is_ready());
+            let mut rx = attributor.subscribe();
+
+            // The list: only the static pod.
+            let index = next_index(&mut rx).await;
+            assert!(index.is_ready());
+            assert_eq!(index.pods().len(), 1);
+            let list = seen.recv().await.expect("list request");
+            assert!(list.starts_with("/api/v1/pods?"), "{list}");
+            assert!(
+                list.contains("fieldSelector=spec.nodeName%3Dnode-1"),
+                "{list}"
+            );
+            let a = index.join(&snap(cgroups.clone()));
+            assert_eq!(a.counters.len(), 1);
+            assert_eq!(
+                a.unattributed, 5,
+                "the web pod's cgroups, until it is watched"
+            );
+
+            // web arrives through the watch, then goes.
+            watch_tx.send(event("ADDED", &web)).await.expect("send");
+            let index = next_index(&mut rx).await;
+            assert_eq!(index.join(&snap(cgroups.clone())).counters.len(), 2);
+            let before = index.pods().clone();
+            watch_tx.send(event("DELETED", &web)).await.expect("send");
+            let index = next_index(&mut rx).await;
+            let changes = index.pods().changes_since(&before);
+            assert_eq!(changes.removed, [U1]);
+            assert!(changes.upserts.is_empty());
+            let watch = seen.recv().await.expect("watch request");
+            assert!(watch.contains("watch=true"), "{watch}");
+            assert!(
+                watch.contains("fieldSelector=spec.nodeName%3Dnode-1"),
+                "{watch}"
+            );
+            assert!(watch.contains("resourceVersion=10"), "{watch}");
+        }
+    }
+}

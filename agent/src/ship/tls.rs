@@ -1,0 +1,226 @@
+//! The client side of the stream's TLS: rustls with ring, ALPN `h2`, the aggregator's CA
+//! bundle, and an optional client certificate (mTLS, standalone).
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use rustls::{
+    client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
+    crypto::{ring, CryptoProvider},
+    pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime},
+    DigitallySignedStruct, SignatureScheme,
+};
+
+/// Errors building the client configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A PEM file held nothing usable.
+    #[error("{path}: {reason}")]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// rustls refused the configuration (a key that does not match, ...).
+    #[error("TLS configuration")]
+    Rustls(#[from] rustls::Error),
+    /// Neither a CA bundle nor `--insecure-skip-tls-verify`.
+    #[error("a CA bundle is required to verify the aggregator (or skip verification, for local tests only)")]
+    NoTrust,
+}
+
+/// How to verify the server and whom to present.
+#[derive(Clone, Debug, Default)]
+pub struct TlsOptions {
+    /// PEM CA bundle that signed the aggregator's serving certificate.
+    pub ca_file: Option<PathBuf>,
+    /// Accept any server certificate (local tests only).
+    pub insecure_skip_verify: bool,
+    /// PEM client certificate chain and private key (mTLS).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+/// Builds the client configuration: TLS 1.2+ with ring, ALPN `h2`.
+///
+/// # Errors
+///
+/// Unreadable or empty PEM files, a key rustls refuses, or no way to verify the server.
+pub fn client_config(opts: &TlsOptions) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let provider = Arc::new(ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let builder = if opts.insecure_skip_verify {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServer { provider }))
+    } else {
+        let ca = opts.ca_file.as_deref().ok_or(TlsError::NoTrust)?;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in read_certs(ca)? {
+            roots.add(cert)?;
+        }
+        builder.with_root_certificates(roots)
+    };
+    let mut config = match &opts.client_cert {
+        Some((cert, key)) => builder.with_client_auth_cert(read_certs(cert)?, read_key(key)?)?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(path)?;
+    let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Pem {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Pem {
+            path: path.to_path_buf(),
+            reason: "no CERTIFICATE block".into(),
+        });
+    }
+    Ok(certs)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let pem = read(path)?;
+    rustls_pemfile::private_key(&mut pem.as_slice())
+        .map_err(|e| TlsError::Pem {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?
+        .ok_or_else(|| TlsError::Pem {
+            path: path.to_path_buf(),
+            reason: "no PRIVATE KEY block".into(),
+        })
+}
+
+/// `--insecure-skip-tls-verify`: any certificate, but the handshake's signatures are still
+/// checked (so the peer holds the key of the certificate it sent).
+#[derive(Debug)]
+struct AnyServer {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn needs_a_way_to_trust_the_server() {
+        assert!(matches!(
+            client_config(&TlsOptions::default()),
+            Err(TlsError::NoTrust)
+        ));
+        let c = client_config(&TlsOptions {
+            insecure_skip_verify: true,
+            ..TlsOptions::default()
+        })
+        .expect("insecure config");
+        assert_eq!(c.alpn_protocols, [b"h2".to_vec()]);
+    }
+
+    #[test]
+    fn pem_files_are_read() {
+        let dir = std::env::temp_dir().join(format!("kpulse-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["agent".to_string()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("cert");
+        let (ca, k, empty) = (dir.join("ca.pem"), dir.join("key.pem"), dir.join("e.pem"));
+        std::fs::write(&ca, cert.pem()).expect("write");
+        std::fs::write(&k, key.serialize_pem()).expect("write");
+        std::fs::write(&empty, "nothing").expect("write");
+        client_config(&TlsOptions {
+            ca_file: Some(ca.clone()),
+            insecure_skip_verify: false,
+            client_cert: Some((ca.clone(), k.clone())),
+        })
+        .expect("CA and client certificate");
+        let err = client_config(&TlsOptions {
+            ca_file: Some(empty.clone()),
+            ..TlsOptions::default()
+        })
+        .expect_err("no certificate");
+        assert!(err.to_string().contains("no CERTIFICATE"), "{err}");
+        let err = client_config(&TlsOptions {
+            ca_file: Some(dir.join("missing.pem")),
+            ..TlsOptions::default()
+        })
+        .expect_err("missing");
+        assert!(err.to_string().contains("cannot read"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

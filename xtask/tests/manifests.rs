@@ -1670,21 +1670,6 @@ fn images_are_named_in_one_place() {
     assert_eq!(hits, [repo().join("deploy/base/kustomization.yaml")]);
 }
 
-/// Flags in the manifests that the binaries are gaining on other branches (the agent's
-/// stream, the server's ingest). Each is accepted while the binary does not know it yet;
-/// once it does, it is parsed like every other flag, so a different spelling fails here.
-const SERVER_PENDING: &[&str] = &[
-    "ingest-port",
-    "agent-token-audience",
-    "agent-service-accounts",
-];
-const AGENT_PENDING: &[&str] = &[
-    "node-name",
-    "server-service",
-    "server-ca-file",
-    "token-file",
-];
-
 fn known_longs(cmd: &clap::Command) -> BTreeSet<String> {
     let mut out: BTreeSet<String> = cmd
         .get_arguments()
@@ -1710,15 +1695,8 @@ fn flags_are_the_binaries_own() {
     let known = known_longs(&cmd);
     let mut args = vec!["kpulse-aggregator-api".to_string()];
     for (k, v) in flags(&c) {
-        if known.contains(&k) {
-            args.push(format!("--{k}={v}"));
-        } else {
-            assert!(
-                SERVER_PENDING.contains(&k.as_str()),
-                "kpulse-aggregator-api has no flag --{k}"
-            );
-            eprintln!("note: kpulse-aggregator-api does not know --{k} yet (pending)");
-        }
+        assert!(known.contains(&k), "kpulse-aggregator-api has no flag --{k}");
+        args.push(format!("--{k}={v}"));
     }
     let cfg = <kpulse_aggregator_api::config::Config as clap::Parser>::try_parse_from(&args)
         .unwrap_or_else(|e| panic!("kpulse-aggregator-api {args:?}: {e}"));
@@ -1750,19 +1728,9 @@ fn flags_are_the_binaries_own() {
                 .map(|a| a.replace("$(NODE_NAME)", "node-1")),
         )
         .collect();
-    if cmd.find_subcommand("run").is_some() {
-        <kpulse_agent::config::Cli as clap::Parser>::try_parse_from(&args)
-            .unwrap_or_else(|e| panic!("kpulse-agent {args:?}: {e}"));
-    } else {
-        eprintln!("note: kpulse-agent has no `run` subcommand yet (pending)");
-        let known = known_longs(&cmd);
-        for k in flags(&c).keys() {
-            assert!(
-                known.contains(k) || AGENT_PENDING.contains(&k.as_str()),
-                "kpulse-agent has no flag --{k}"
-            );
-        }
-    }
+    assert!(cmd.find_subcommand("run").is_some(), "kpulse-agent run");
+    <kpulse_agent::config::Cli as clap::Parser>::try_parse_from(&args)
+        .unwrap_or_else(|e| panic!("kpulse-agent {args:?}: {e}"));
 }
 
 /// `FROM` lines, `USER` and `ENTRYPOINT` of a Containerfile's stages.

@@ -2,6 +2,7 @@
 //! (on this host and in qemu VMs), benchmarks, the TLS material of `deploy/`. Not shipped;
 //! not a library.
 
+mod bench_ingest;
 mod build_ebpf;
 mod certs;
 mod exec;
@@ -20,6 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// One aggregator-api replica ingesting simulated agents: CPU, RSS, latency, bytes.
+    BenchIngest(bench_ingest::Options),
     /// Check/install the eBPF toolchain, then build the programs in ebpf/.
     BuildEbpf(build_ebpf::Options),
     /// Make the CA, serving certificate and caBundle patch that deploy/ includes.
@@ -33,6 +36,7 @@ enum Command {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::BenchIngest(opts) => bench_ingest::run(&opts),
         Command::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
         Command::Certs(opts) => certs::run(&opts),
         Command::Test(opts) => test::run(&opts),

@@ -31,6 +31,9 @@ use kpulse_wire::{
 use rcgen::{CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(name = "loadgen", about = "simulated kpulse agents")]
 struct Args {

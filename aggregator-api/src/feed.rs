@@ -5,9 +5,9 @@
 //! [`AgentMessage`] of the wire protocol, in its JSON form:
 //!
 //! ```text
-//! {"type":"hello","version":{"major":1,"minor":0},"node_name":"n1","node_labels":{"zone":"a"}}
-//! {"type":"snapshot","sent_at":…,"node":{…},"pods":[{"uid":"u1","namespace":"ns","name":"p","labels":{…}}],"counters":[{"uid":"u1","containers":[…]}]}
-//! {"type":"update","sent_at":…,"node":{…},"upserts":[],"removed":["u1"],"counters":[…]}
+//! {"hello":{"version":{"major":1,"minor":0},"node_name":"n1","node_labels":{"zone":"a"}}}
+//! {"snapshot":{"sent_at":…,"node":{…},"pods":[{"uid":"u1","namespace":"ns","name":"p","labels":{…}}],"counters":[{"uid":"u1","containers":[…]}]}}
+//! {"update":{"sent_at":…,"node":{…},"upserts":[],"removed":["u1"],"counters":[…]}}
 //! ```
 //!
 //! A Hello selects the node the following lines apply to, creating its session the first
@@ -328,8 +328,8 @@ mod tests {
         std::env::temp_dir().join(format!("kpulse-feed-{}-{name}", std::process::id()))
     }
 
-    const HELLO: &str = r#"{"type":"hello","version":{"major":1,"minor":0},"node_name":"n1"}"#;
-    const UPDATE: &str = r#"{"type":"update","sent_at":1,"node":{"timestamp":1,"cpu":5,"memory_working_set":7},"counters":[]}"#;
+    const HELLO: &str = r#"{"hello":{"version":{"major":1,"minor":0},"node_name":"n1"}}"#;
+    const UPDATE: &str = r#"{"update":{"sent_at":1,"node":{"timestamp":1,"cpu":5,"memory_working_set":7},"counters":[]}}"#;
 
     fn kinds(lines: &[Result<Line, BadLine>]) -> Vec<String> {
         lines
@@ -407,13 +407,13 @@ mod tests {
         let line = |s: String| serde_json::from_str::<AgentMessage>(&s).expect("line");
         let hello = |node: &str| {
             line(format!(
-                r#"{{"type":"hello","version":{{"major":1,"minor":0}},"node_name":"{node}"}}"#
+                r#"{{"hello":{{"version":{{"major":1,"minor":0}},"node_name":"{node}"}}}}"#
             ))
         };
         let snapshot = |uid: &str, name: &str| {
             line(format!(
-                r#"{{"type":"snapshot","sent_at":1,"node":{{"timestamp":1,"cpu":5,"memory_working_set":7}},
-                    "pods":[{{"uid":"{uid}","namespace":"ns","name":"{name}"}}],"counters":[]}}"#
+                r#"{{"snapshot":{{"sent_at":1,"node":{{"timestamp":1,"cpu":5,"memory_working_set":7}},
+                    "pods":[{{"uid":"{uid}","namespace":"ns","name":"{name}"}}],"counters":[]}}}}"#
             ))
         };
         let names = || -> Vec<String> {

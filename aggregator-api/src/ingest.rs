@@ -676,6 +676,8 @@ impl<C: Clock + 'static> Ingest<C> {
         let mut shutdown = self.shutdown.subscribe();
         let idle = tokio::time::sleep(idle_for);
         tokio::pin!(idle);
+        // When the chunk that completed the buffered frames arrived.
+        let mut received = std::time::Instant::now();
         let end: Option<String> = 'stream: loop {
             // Every message buffered (after the Hello, or from the last chunk).
             loop {
@@ -684,8 +686,12 @@ impl<C: Clock + 'static> Ingest<C> {
                     Ok(Some(message)) => {
                         metrics.message(&message);
                         idle.as_mut().reset(tokio::time::Instant::now() + idle_for);
+                        let counts = !matches!(message, AgentMessage::Hello(_));
                         if let Err(e) = s.lease.apply(message) {
                             break 'stream Some(e.to_string());
+                        }
+                        if counts {
+                            metrics.received_to_visible(received.elapsed());
                         }
                     }
                     Err(e) => break 'stream Some(e.to_string()),
@@ -717,6 +723,7 @@ impl<C: Clock + 'static> Ingest<C> {
                         if let Ok(data) = frame.into_data() {
                             metrics.received_bytes(data.len());
                             s.decoder.push(&data);
+                            received = std::time::Instant::now();
                         }
                     }
                 },

@@ -374,6 +374,7 @@ pub struct IngestMetrics {
     unknown_uids: Counter,
     replaced: Counter,
     visible: Histogram,
+    received_visible: Histogram,
 }
 
 /// Buckets of `kpulse_aggregator_ingest_to_visible_seconds`: fine below 100 ms, the target.
@@ -392,6 +393,7 @@ impl Default for IngestMetrics {
             unknown_uids: Counter::default(),
             replaced: Counter::default(),
             visible: Histogram::new(VISIBLE_BUCKETS),
+            received_visible: Histogram::new(VISIBLE_BUCKETS),
         }
     }
 }
@@ -446,6 +448,13 @@ impl IngestMetrics {
             Unit::Seconds,
             self.visible.clone(),
         );
+        registry.register_with_unit(
+            "kpulse_aggregator_ingest_received_to_visible",
+            "Time from the server receiving the last bytes of a snapshot or update to the store \
+             serving it (decoding, joining, storing; the server's clock only)",
+            Unit::Seconds,
+            self.received_visible.clone(),
+        );
         registry.register(
             "kpulse_aggregator_ingest_sessions_replaced",
             "Agent sessions ended because a newer stream for the same node replaced them",
@@ -480,6 +489,11 @@ impl IngestMetrics {
         let now = kpulse_wire::UnixNanos::from_system_time(std::time::SystemTime::now());
         let nanos = now.0.saturating_sub(sent_at.0);
         self.visible.observe(nanos as f64 / 1e9);
+    }
+
+    /// A message whose last bytes arrived `elapsed` ago is now served.
+    pub fn received_to_visible(&self, elapsed: std::time::Duration) {
+        self.received_visible.observe(elapsed.as_secs_f64());
     }
 
     /// Body bytes received.

@@ -355,8 +355,8 @@ impl Feeder {
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut f = std::fs::File::create(&path).expect("feed file");
-            let hello = serde_json::json!({"type": "hello", "version": {"major": 1, "minor": 0},
-                "node_name": "node-a", "node_labels": {"zone": "z1"}, "agent": "feeder"});
+            let hello = serde_json::json!({"hello": {"version": {"major": 1, "minor": 0},
+                "node_name": "node-a", "node_labels": {"zone": "z1"}, "agent": "feeder"}});
             writeln!(f, "{hello}").expect("write");
             let pods = serde_json::json!([
                 {"uid": "u-web", "namespace": "demo", "name": "web", "labels": {"app": "web"}},
@@ -387,11 +387,11 @@ impl Feeder {
                     {"uid": "u-cache", "containers": [container("redis", 0, 200 << 20)]},
                 ]);
                 let message = if first {
-                    serde_json::json!({"type": "snapshot", "sent_at": now, "node": node,
-                        "pods": pods, "counters": counters})
+                    serde_json::json!({"snapshot": {"sent_at": now, "node": node,
+                        "pods": pods, "counters": counters}})
                 } else {
-                    serde_json::json!({"type": "update", "sent_at": now, "node": node,
-                        "counters": counters})
+                    serde_json::json!({"update": {"sent_at": now, "node": node,
+                        "counters": counters}})
                 };
                 first = false;
                 writeln!(f, "{message}").expect("write");

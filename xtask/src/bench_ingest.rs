@@ -212,9 +212,11 @@ fn measure(opts: &Options, dir: &Path, server_bin: &Path, loadgen_bin: &Path) ->
         ensure!(Instant::now() < deadline, "the server did not answer within 20 s");
         std::thread::sleep(Duration::from_millis(200));
     }
+    // The load generator shares this machine with the server: run it at the lowest
+    // priority so that the server gets the CPU it asks for, as it would on its own node.
     let mut loadgen = Killed(
-        Command::new("bash")
-            .args(["-c", nofile, "loadgen"])
+        Command::new("nice")
+            .args(["-n", "19", "bash", "-c", nofile, "loadgen"])
             .arg(loadgen_bin)
             .arg("--ca-dir")
             .arg(&ca)
@@ -248,6 +250,11 @@ fn measure(opts: &Options, dir: &Path, server_bin: &Path, loadgen_bin: &Path) ->
     let messages = delta(&m0, &m1, &format!("{visible}_count"));
     let p50 = quantile(&m0, &m1, visible, 0.50);
     let p99 = quantile(&m0, &m1, visible, 0.99);
+    let in_server = "kpulse_aggregator_ingest_received_to_visible_seconds";
+    let (s50, s99) = (
+        quantile(&m0, &m1, in_server, 0.50),
+        quantile(&m0, &m1, in_server, 0.99),
+    );
     let bytes = delta(&m0, &m1, "kpulse_aggregator_ingest_received_bytes_total");
     let stored_nodes = m1.get("kpulse_aggregator_store_nodes").copied().unwrap_or(0.0);
     let containers = m1.get("kpulse_aggregator_store_containers").copied().unwrap_or(0.0);
@@ -266,7 +273,16 @@ fn measure(opts: &Options, dir: &Path, server_bin: &Path, loadgen_bin: &Path) ->
         messages / secs,
         opts.nodes
     );
-    println!("| ingest→visible (agent send → store) | p50 {}, p99 {} |", ms(p50), ms(p99));
+    println!(
+        "| ingest→visible in the server (last byte received → store) | p50 {}, p99 {} |",
+        ms(s50),
+        ms(s99)
+    );
+    println!(
+        "| agent send → visible (includes the load generator's own queueing on this shared host) | p50 {}, p99 {} |",
+        ms(p50),
+        ms(p99)
+    );
     println!(
         "| wire bytes per node | {:.1} KiB/s |",
         bytes / secs / opts.nodes.max(1) as f64 / 1024.0

@@ -132,7 +132,9 @@ impl Ca {
         let mut params = CertificateParams::new(Vec::<String>::new()).context("params")?;
         params.distinguished_name.push(DnType::CommonName, node);
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-        let cert = params.signed_by(&key, &issuer).context("node certificate")?;
+        let cert = params
+            .signed_by(&key, &issuer)
+            .context("node certificate")?;
         Ok((
             cert.der().clone(),
             PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),

@@ -347,6 +347,9 @@ impl ShipMetrics {
 struct Published {
     seq: u64,
     tick: Arc<Tick>,
+    /// The tick published before this one: a new stream's Snapshot carries it, so that a
+    /// (re)started server has two points at once.
+    previous: Option<Arc<Tick>>,
 }
 
 /// State shared by a shipper's tasks.
@@ -392,9 +395,11 @@ impl Shipper {
     /// its oldest queued tick.
     pub fn publish(&self, tick: Tick) {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let previous = self.shared.latest.borrow().as_ref().map(|p| p.tick.clone());
         let p = Published {
             seq,
             tick: Arc::new(tick),
+            previous,
         };
         self.shared.latest.send_replace(Some(p.clone()));
         // No receiver (no stream connected) is not an error: the next Snapshot has it.

@@ -1257,6 +1257,7 @@ mod tests {
             node: node_sample(1),
             pods: vec![],
             counters: vec![],
+            previous: None,
         });
         let (r, _) = open(&f, STREAM_PATH, v, t, &[snapshot]).await;
         assert_eq!(error_of(r).await.0, StatusCode::BAD_REQUEST);
@@ -1304,6 +1305,7 @@ mod tests {
             node: node_sample(t0),
             pods: vec![pod("u-web", "web"), pod("u-cache", "cache")],
             counters: vec![counters("u-web", t0), counters("u-cache", t0)],
+            previous: None,
         });
         let (r, body) = open(&f, STREAM_PATH, v, t, &[hello("node-a"), snapshot]).await;
         assert_eq!(r.status(), StatusCode::OK);

@@ -379,8 +379,8 @@ pub struct IngestMetrics {
 
 /// Buckets of `kpulse_aggregator_ingest_to_visible_seconds`: fine below 100 ms, the target.
 const VISIBLE_BUCKETS: [f64; 20] = [
-    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
-    0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0,
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
+    0.2, 0.3, 0.5, 1.0, 2.0, 5.0,
 ];
 
 impl Default for IngestMetrics {

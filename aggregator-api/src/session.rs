@@ -216,7 +216,14 @@ impl Session {
                 sink.metadata.replace_pods(&self.node, &pods);
                 self.pods = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
                 self.snapshot_seen = true;
-                self.ingest(s.sent_at, s.node, s.counters, sink)
+                // The tick before, first: the store then holds two points per container and
+                // serves rates at once (a restarted server is complete again immediately).
+                if let Some(prev) = s.previous {
+                    if prev.node.timestamp < s.node.timestamp {
+                        self.ingest(s.sent_at, prev.node, prev.counters, sink, false)?;
+                    }
+                }
+                self.ingest(s.sent_at, s.node, s.counters, sink, true)
             }
             AgentMessage::Update(u) => {
                 if !self.snapshot_seen {
@@ -250,7 +257,7 @@ impl Session {
                 for uid in &u.removed {
                     self.pods.remove(uid);
                 }
-                self.ingest(u.sent_at, u.node, u.counters, sink)
+                self.ingest(u.sent_at, u.node, u.counters, sink, true)
             }
         }
     }
@@ -268,6 +275,8 @@ impl Session {
         node: NodeSample,
         counters: Vec<PodCounters>,
         sink: &Sink<C>,
+        // False for a snapshot's previous tick: not counted as a message made visible.
+        record: bool,
     ) -> Result<Applied, SessionError> {
         let mut seen = HashSet::with_capacity(counters.len());
         let mut unknown_uids = 0;
@@ -288,7 +297,9 @@ impl Session {
                 None => unknown_uids += 1,
             }
         }
-        sink.metrics.unknown_uids(unknown_uids);
+        if record {
+            sink.metrics.unknown_uids(unknown_uids);
+        }
         let applied = Applied {
             pods: pods.len(),
             unknown_uids,
@@ -303,7 +314,9 @@ impl Session {
             .map_err(|e| SessionError::Store {
                 reason: e.to_string(),
             })?;
-        sink.metrics.visible(sent_at);
+        if record {
+            sink.metrics.visible(sent_at);
+        }
         Ok(applied)
     }
 }
@@ -524,7 +537,7 @@ mod tests {
     use std::{collections::BTreeMap, time::Duration};
 
     use kpulse_wire::{
-        stream::{Snapshot, Update, VERSION},
+        stream::{Previous, Snapshot, Update, VERSION},
         Bytes, ContainerSample, CpuNanos,
     };
 
@@ -601,6 +614,7 @@ mod tests {
             node: node(t),
             pods,
             counters: uids.iter().map(|u| counters(u, t)).collect(),
+            previous: None,
         })
     }
 
@@ -633,6 +647,41 @@ mod tests {
             .into_iter()
             .map(|p| p.name)
             .collect()
+    }
+
+    #[test]
+    fn a_snapshot_with_its_previous_tick_is_served_at_once() {
+        let f = fixture();
+        let (mut lease, _replaced) = f.sessions.claim(&hello("n1"));
+        f.clock.set(UnixNanos(T0 + 2 * S));
+        let AgentMessage::Snapshot(mut s) = snapshot(T0 + 2 * S, vec![pod("u1", "web")], &["u1"])
+        else {
+            unreachable!("snapshot() builds a Snapshot")
+        };
+        s.previous = Some(Previous {
+            node: node(T0 + S),
+            counters: vec![counters("u1", T0 + S)],
+        });
+        lease.apply(AgentMessage::Snapshot(s)).expect("snapshot");
+        assert_eq!(served(&f, &["web"]), [true], "two points from one message");
+        let p = f.sessions.sink().store.pod_metrics(&[("ns", "web")]);
+        let p = p[0].as_ref().expect("served");
+        assert_eq!(p.window, Duration::from_secs(1));
+        assert_eq!(p.containers[0].cpu.0, 500_000_000, "half a core, exactly");
+
+        // A previous tick that is not older is ignored (no rate from it).
+        let f = fixture();
+        let (mut lease, _replaced) = f.sessions.claim(&hello("n1"));
+        let AgentMessage::Snapshot(mut s) = snapshot(T0 + S, vec![pod("u1", "web")], &["u1"])
+        else {
+            unreachable!("snapshot() builds a Snapshot")
+        };
+        s.previous = Some(Previous {
+            node: node(T0 + S),
+            counters: vec![counters("u1", T0 + S)],
+        });
+        lease.apply(AgentMessage::Snapshot(s)).expect("snapshot");
+        assert_eq!(served(&f, &["web"]), [false]);
     }
 
     #[test]

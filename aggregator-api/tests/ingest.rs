@@ -476,6 +476,7 @@ async fn agents_stream_their_own_node_and_kubectl_sees_it() {
         node,
         pods: vec![pod("u-web", "web"), pod("u-cache", "cache")],
         counters,
+        previous: None,
     });
     let mut agent = AgentStream::open(
         s.ingest_port,

@@ -169,6 +169,20 @@ pub struct Snapshot {
     pub pods: Vec<PodMeta>,
     /// Counters of the pods measured this tick.
     pub counters: Vec<PodCounters>,
+    /// The tick before this one, when the agent has it (optional). With it a server that
+    /// starts or restarts has two points for every container at once and serves rates
+    /// immediately instead of one resolution later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<Previous>,
+}
+
+/// The counters of the tick before a [`Snapshot`]'s, for the pods the snapshot lists.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Previous {
+    /// The node's totals then.
+    pub node: NodeSample,
+    /// The pods' counters then.
+    pub counters: Vec<PodCounters>,
 }
 
 /// One tick.
@@ -373,6 +387,7 @@ mod tests {
                         memory_working_set: Bytes(4),
                     }],
                 }],
+                previous: None,
             }),
             AgentMessage::Update(Update {
                 sent_at: UnixNanos(12),
@@ -454,8 +469,7 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_ignored_for_minor_additions() {
-        let json =
-            r#"{"hello":{"version":{"major":1,"minor":3},"node_name":"n","future":true}}"#;
+        let json = r#"{"hello":{"version":{"major":1,"minor":3},"node_name":"n","future":true}}"#;
         let m: AgentMessage = serde_json::from_str(json).expect("decode");
         assert!(matches!(m, AgentMessage::Hello(h) if h.node_name == "n" && h.agent.is_empty()));
     }

@@ -115,13 +115,22 @@ fn delta(a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>, key: &str) -> f64
 }
 
 /// The q-quantile of the histogram `name` over the window, interpolated within a bucket.
-fn quantile(a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>, name: &str, q: f64) -> Option<f64> {
+fn quantile(
+    a: &BTreeMap<String, f64>,
+    b: &BTreeMap<String, f64>,
+    name: &str,
+    q: f64,
+) -> Option<f64> {
     let prefix = format!("{name}_bucket{{le=\"");
     let mut buckets: Vec<(f64, f64)> = b
         .keys()
         .filter_map(|k| {
             let le = k.strip_prefix(&prefix)?.strip_suffix("\"}")?;
-            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
             Some((le, delta(a, b, k)))
         })
         .collect();
@@ -138,7 +147,11 @@ fn quantile(a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>, name: &str, q:
                 return Some(lower.0);
             }
             let span = count - lower.1;
-            let frac = if span > 0.0 { (target - lower.1) / span } else { 1.0 };
+            let frac = if span > 0.0 {
+                (target - lower.1) / span
+            } else {
+                1.0
+            };
             return Some(lower.0 + frac * (le - lower.0));
         }
         lower = (le, count);
@@ -149,20 +162,30 @@ fn quantile(a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>, name: &str, q:
 /// Runs the benchmark.
 pub fn run(opts: &Options) -> Result<()> {
     ensure!(
-        Command::new("curl").arg("--version").stdout(Stdio::null()).status().is_ok(),
+        Command::new("curl")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok(),
         "bench-ingest scrapes /metrics with curl: apt-get install curl"
     );
     let root = crate::vm::workspace_root()?;
-    crate::exec::run(
-        Command::new("cargo")
-            .current_dir(&root)
-            .args(["build", "--release", "-p", "kpulse-aggregator-api", "--bin", "kpulse-aggregator-api"]),
-    )?;
-    crate::exec::run(
-        Command::new("cargo")
-            .current_dir(&root)
-            .args(["build", "--release", "-p", "kpulse-agent", "--example", "loadgen"]),
-    )?;
+    crate::exec::run(Command::new("cargo").current_dir(&root).args([
+        "build",
+        "--release",
+        "-p",
+        "kpulse-aggregator-api",
+        "--bin",
+        "kpulse-aggregator-api",
+    ]))?;
+    crate::exec::run(Command::new("cargo").current_dir(&root).args([
+        "build",
+        "--release",
+        "-p",
+        "kpulse-agent",
+        "--example",
+        "loadgen",
+    ]))?;
     let release = root.join("target/release");
     let server_bin = release.join("kpulse-aggregator-api");
     let loadgen_bin = release.join("examples/loadgen");
@@ -176,7 +199,12 @@ pub fn run(opts: &Options) -> Result<()> {
 
 fn measure(opts: &Options, dir: &Path, server_bin: &Path, loadgen_bin: &Path) -> Result<()> {
     let ca = dir.join("ca");
-    crate::exec::run(Command::new(loadgen_bin).arg("--ca-dir").arg(&ca).arg("--init-only"))?;
+    crate::exec::run(
+        Command::new(loadgen_bin)
+            .arg("--ca-dir")
+            .arg(&ca)
+            .arg("--init-only"),
+    )?;
     // A Kubernetes API that is not there: the benchmark needs no TokenReview (agents use
     // client certificates) and reads /metrics anonymously (an always-allowed path).
     let kubeconfig = dir.join("kubeconfig");
@@ -191,7 +219,12 @@ fn measure(opts: &Options, dir: &Path, server_bin: &Path, loadgen_bin: &Path) ->
         Command::new("bash")
             .args(["-c", nofile, "server"])
             .arg(server_bin)
-            .args(["--bind-address", "127.0.0.1", "--secure-port", &api_port.to_string()])
+            .args([
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                &api_port.to_string(),
+            ])
             .args(["--ingest-port", &ingest_port.to_string()])
             .arg("--cert-dir")
             .arg(dir.join("certs"))
@@ -209,7 +242,10 @@ fn measure(opts: &Options, dir: &Path, server_bin: &Path, loadgen_bin: &Path) ->
     let server_pid = server.0.id();
     let deadline = Instant::now() + Duration::from_secs(20);
     while scrape(api_port).is_err() {
-        ensure!(Instant::now() < deadline, "the server did not answer within 20 s");
+        ensure!(
+            Instant::now() < deadline,
+            "the server did not answer within 20 s"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     // The load generator shares this machine with the server: run it at the lowest
@@ -240,10 +276,18 @@ fn measure(opts: &Options, dir: &Path, server_bin: &Path, loadgen_bin: &Path) ->
         bail!("the load generator exited early: {status} (see its log)");
     }
     let m0 = scrape(api_port)?;
-    let (cpu0, lg0, t0) = (cpu_seconds(server_pid)?, cpu_seconds(loadgen_pid)?, Instant::now());
+    let (cpu0, lg0, t0) = (
+        cpu_seconds(server_pid)?,
+        cpu_seconds(loadgen_pid)?,
+        Instant::now(),
+    );
     std::thread::sleep(Duration::from_secs(opts.measure_secs));
     let m1 = scrape(api_port)?;
-    let (cpu1, lg1, elapsed) = (cpu_seconds(server_pid)?, cpu_seconds(loadgen_pid)?, t0.elapsed());
+    let (cpu1, lg1, elapsed) = (
+        cpu_seconds(server_pid)?,
+        cpu_seconds(loadgen_pid)?,
+        t0.elapsed(),
+    );
     let (rss, hwm) = rss_mib(server_pid)?;
     let secs = elapsed.as_secs_f64();
     let visible = "kpulse_aggregator_ingest_to_visible_seconds";
@@ -256,9 +300,18 @@ fn measure(opts: &Options, dir: &Path, server_bin: &Path, loadgen_bin: &Path) ->
         quantile(&m0, &m1, in_server, 0.99),
     );
     let bytes = delta(&m0, &m1, "kpulse_aggregator_ingest_received_bytes_total");
-    let stored_nodes = m1.get("kpulse_aggregator_store_nodes").copied().unwrap_or(0.0);
-    let containers = m1.get("kpulse_aggregator_store_containers").copied().unwrap_or(0.0);
-    let streams = m1.get("kpulse_aggregator_ingest_streams").copied().unwrap_or(0.0);
+    let stored_nodes = m1
+        .get("kpulse_aggregator_store_nodes")
+        .copied()
+        .unwrap_or(0.0);
+    let containers = m1
+        .get("kpulse_aggregator_store_containers")
+        .copied()
+        .unwrap_or(0.0);
+    let streams = m1
+        .get("kpulse_aggregator_ingest_streams")
+        .copied()
+        .unwrap_or(0.0);
     let ms = |v: Option<f64>| v.map_or("n/a".to_string(), |s| format!("{:.1} ms", s * 1e3));
     println!("| measure | value |");
     println!("|---|---|");
@@ -266,7 +319,10 @@ fn measure(opts: &Options, dir: &Path, server_bin: &Path, loadgen_bin: &Path) ->
         "| load | {} nodes × {} pods × {} containers at 1 Hz ({} streams open, {} nodes and {} containers stored) |",
         opts.nodes, opts.pods, opts.containers, streams, stored_nodes, containers
     );
-    println!("| server CPU | {:.2} cores (utime+stime over {secs:.0} s) |", (cpu1 - cpu0) / secs);
+    println!(
+        "| server CPU | {:.2} cores (utime+stime over {secs:.0} s) |",
+        (cpu1 - cpu0) / secs
+    );
     println!("| server RSS | {rss:.0} MiB at the end, peak {hwm:.0} MiB |");
     println!(
         "| batches made visible | {:.0}/s (expected {}/s) |",
@@ -287,7 +343,10 @@ fn measure(opts: &Options, dir: &Path, server_bin: &Path, loadgen_bin: &Path) ->
         "| wire bytes per node | {:.1} KiB/s |",
         bytes / secs / opts.nodes.max(1) as f64 / 1024.0
     );
-    println!("| load generator CPU (not the server's) | {:.2} cores |", (lg1 - lg0) / secs);
+    println!(
+        "| load generator CPU (not the server's) | {:.2} cores |",
+        (lg1 - lg0) / secs
+    );
     Ok(())
 }
 

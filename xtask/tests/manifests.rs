@@ -1695,7 +1695,10 @@ fn flags_are_the_binaries_own() {
     let known = known_longs(&cmd);
     let mut args = vec!["kpulse-aggregator-api".to_string()];
     for (k, v) in flags(&c) {
-        assert!(known.contains(&k), "kpulse-aggregator-api has no flag --{k}");
+        assert!(
+            known.contains(&k),
+            "kpulse-aggregator-api has no flag --{k}"
+        );
         args.push(format!("--{k}={v}"));
     }
     let cfg = <kpulse_aggregator_api::config::Config as clap::Parser>::try_parse_from(&args)

@@ -16,8 +16,8 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use kpulse_wire::{
     stream::{
-        self, AgentMessage, Decoder, ServerMessage, Snapshot, Update, Version, CONTENT_TYPE,
-        STREAM_PATH, VERSION, VERSION_HEADER,
+        self, AgentMessage, Decoder, Previous, ServerMessage, Snapshot, Update, Version,
+        CONTENT_TYPE, STREAM_PATH, VERSION, VERSION_HEADER,
     },
     UnixNanos,
 };
@@ -443,6 +443,7 @@ impl Stream<'_> {
             node: first.tick.node,
             pods: first.tick.pods.to_vec(),
             counters: first.tick.counters.clone(),
+            previous: previous_of(&first),
         }))?;
         for f in [hello, snapshot] {
             body_tx.try_send(f).map_err(|_| StreamError::Closed)?;
@@ -705,6 +706,24 @@ async fn connect(addr: &TargetAddr, t: &Timeouts) -> Result<TcpStream, StreamErr
     }))
 }
 
+/// The tick before `p`, for the pods `p` lists, if it is older (a reconnecting stream's
+/// Snapshot then gives the server two points per container).
+fn previous_of(p: &Published) -> Option<Previous> {
+    let prev = p.previous.as_ref()?;
+    if prev.node.timestamp >= p.tick.node.timestamp {
+        return None;
+    }
+    Some(Previous {
+        node: prev.node,
+        counters: prev
+            .counters
+            .iter()
+            .filter(|c| p.tick.pods.get(&c.uid).is_some())
+            .cloned()
+            .collect(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -819,6 +838,7 @@ mod drop_tests {
                 pods: pods.clone(),
                 counters: vec![],
             }),
+            previous: None,
         }
     }
 

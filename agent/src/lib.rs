@@ -28,3 +28,4 @@ pub mod sample;
 pub mod selfmetrics;
 pub mod ship;
 pub mod shutdown;
+pub mod starttime;

@@ -192,11 +192,20 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     let shipper = Shipper::spawn(config, ship::hello(&args.node_name, &agent));
 
+    // Containers' start times come from the hierarchy every process is in (cgroup2).
+    let procs_root = match Layout::detect() {
+        Ok(l) => Some(l.cpu_mount().to_path_buf()),
+        Err(e) => {
+            warn!(error = %kpulse_agent::error::chain(&e), "container start times unknown");
+            None
+        }
+    };
     let ended = TickLoop {
         collector,
         attributor,
         resolution: args.collect.resolution,
         node_started_at,
+        procs_root,
         metrics,
     }
     .run(&shipper, shutdown)

@@ -370,6 +370,36 @@ fn version_mismatch(v: u32) -> ProbeError {
     ))
 }
 
+/// The wall-clock instant of boot, to the nanosecond: `CLOCK_REALTIME − CLOCK_BOOTTIME`
+/// (`/proc/stat`'s `btime` is whole seconds). `None` if a clock cannot be read.
+pub fn boot_wall_clock() -> Option<kpulse_wire::UnixNanos> {
+    fn read(clock: libc::clockid_t) -> Option<u128> {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec; clock_gettime has no other
+        // preconditions.
+        let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+        if rc != 0 {
+            return None;
+        }
+        Some(u128::try_from(ts.tv_sec).ok()? * 1_000_000_000 + u128::try_from(ts.tv_nsec).ok()?)
+    }
+    let boot = read(libc::CLOCK_BOOTTIME)?;
+    let real = read(libc::CLOCK_REALTIME)?;
+    u64::try_from(real.checked_sub(boot)?)
+        .ok()
+        .map(kpulse_wire::UnixNanos)
+}
+
+/// Clock ticks per second of `/proc/PID/stat` times (`_SC_CLK_TCK`, 100 on Linux).
+pub fn clock_ticks() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(v).ok().filter(|&t| t > 0).unwrap_or(100)
+}
+
 /// The kernel's page size (memcg counters are in pages).
 pub fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.

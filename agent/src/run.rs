@@ -36,6 +36,9 @@ pub struct TickLoop {
     pub resolution: Duration,
     /// The node's boot time ([`NodeSample::started_at`]).
     pub node_started_at: Option<UnixNanos>,
+    /// Where containers' start times are read (`cgroup.procs`): the cgroup2 mount; `None`
+    /// sends no start times (the server then waits for two points).
+    pub procs_root: Option<std::path::PathBuf>,
     /// Self-metrics.
     pub metrics: Arc<AgentMetrics>,
 }
@@ -92,8 +95,10 @@ impl TickLoop {
             attributor,
             resolution,
             node_started_at,
+            procs_root,
             metrics,
         } = self;
+        let mut starts = procs_root.map(|p| crate::starttime::StartTimes::new(&p));
         let phase = Duration::from_nanos(fastrand::u64(
             0..u64::try_from(resolution.as_nanos())
                 .unwrap_or(u64::MAX)
@@ -119,16 +124,27 @@ impl TickLoop {
             };
             let index = attributor.current();
             let started = std::time::Instant::now();
+            let mut st = starts.take();
             let joined = tokio::task::spawn_blocking(move || {
                 let r = c.collect().map(|s| {
-                    let a = index.join(&s);
+                    let mut a = index.join(&s);
+                    match st.as_mut() {
+                        Some(st) => st.fill(&s, &mut a.counters),
+                        // Without a precise start, none at all (see `starttime`).
+                        None => a
+                            .counters
+                            .iter_mut()
+                            .flat_map(|p| p.containers.iter_mut())
+                            .for_each(|c| c.started_at = None),
+                    }
                     (s, a, index)
                 });
-                (c, r)
+                (c, st, r)
             })
             .await;
-            let (c, result) = joined.map_err(RunError::CollectorPanicked)?;
+            let (c, st, result) = joined.map_err(RunError::CollectorPanicked)?;
             collector = Some(c);
+            starts = st;
             metrics
                 .collection_duration
                 .observe(started.elapsed().as_secs_f64());

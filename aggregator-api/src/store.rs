@@ -40,7 +40,7 @@
 //!
 //! - there is no usable previous point of the same instance (a real one always wins: it is
 //!   more recent than the start), and
-//! - `0 < timestamp − started_at ≤` [`StoreConfig::first_point_max_age`].
+//! - [`MIN_FIRST_WINDOW`] `≤ timestamp − started_at ≤` [`StoreConfig::first_point_max_age`].
 //!
 //! The upper bound keeps old containers out: after an aggregator restart every container
 //! is "first seen", and `cpu / lifetime` of a week-old container is a lifetime average, not
@@ -115,6 +115,13 @@ use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use kpulse_wire::{Bytes, CgroupId, ContainerSample, CpuNanos, NodeBatch, NodeSample, UnixNanos};
+
+/// The shortest first window served from `started_at` (250 ms). Agents know a
+/// container's start to 10 ms (the kernel's process start time in clock ticks); over a
+/// shorter window that uncertainty would be more than 4 % of the rate, so such a container
+/// waits for its second point instead.
+pub const MIN_FIRST_WINDOW: Duration = Duration::from_millis(250);
+const MIN_FIRST_WINDOW_NANOS: u64 = 250_000_000;
 
 /// Default for [`StoreConfig::first_point_max_age`]: metrics-server's default resolution.
 pub const DEFAULT_FIRST_POINT_MAX_AGE: Duration = Duration::from_secs(15);
@@ -520,7 +527,7 @@ impl Limits {
     fn first(&self, last: Point) -> Series {
         let prev = last.started_at.and_then(|start| {
             let age = last.timestamp.0.checked_sub(start.0)?;
-            (age > 0 && age <= self.first_point_max_age).then_some(Base {
+            (age >= MIN_FIRST_WINDOW_NANOS && age <= self.first_point_max_age).then_some(Base {
                 timestamp: start,
                 cpu: CpuNanos(0),
             })
@@ -1495,6 +1502,39 @@ mod tests {
         let p = get(&s, "p").expect("rate");
         assert_eq!(p.window, Duration::from_secs(1));
         assert_eq!(cpu_of(&p, "c"), NanoCores(S));
+    }
+
+    #[test]
+    fn first_windows_shorter_than_the_minimum_wait_for_a_second_point() {
+        let (s, clock) = store();
+        let t = T0;
+        feed(
+            &s,
+            &clock,
+            "n1",
+            t,
+            vec![
+                pod("young", vec![started(c(t, 10 * MS), t - 100 * MS)]),
+                pod("enough", vec![started(c(t, 100 * MS), t - 250 * MS)]),
+            ],
+        );
+        assert!(
+            get(&s, "young").is_none(),
+            "100 ms: a 10 ms start error is 10 %"
+        );
+        let p = get(&s, "enough").expect("250 ms is enough");
+        assert_eq!(p.window, MIN_FIRST_WINDOW);
+        assert_eq!(cpu_of(&p, "c"), NanoCores(400_000_000));
+        let t2 = t + S;
+        feed(
+            &s,
+            &clock,
+            "n1",
+            t2,
+            vec![pod("young", vec![started(c(t2, 510 * MS), t - 100 * MS)])],
+        );
+        let p = get(&s, "young").expect("second point");
+        assert_eq!(cpu_of(&p, "c"), NanoCores(500_000_000));
     }
 
     #[test]

@@ -1073,20 +1073,7 @@ mod tests {
         );
     }
 
-    /// A request body fed by the test.
-    struct ChannelBody(mpsc::Receiver<Bytes>);
-
-    impl hyper::body::Body for ChannelBody {
-        type Data = Bytes;
-        type Error = Infallible;
-
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-            self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
-        }
-    }
+    use crate::serve::ChannelBody;
 
     struct Fixture {
         api: FakeApi,

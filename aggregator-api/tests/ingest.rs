@@ -6,19 +6,17 @@ use std::{
     convert::Infallible,
     net::TcpListener,
     path::{Path, PathBuf},
-    pin::Pin,
     process::{Child, Command, Stdio},
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc,
     },
-    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::{Frame, Incoming};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kpulse_wire::stream::{
     encode, AgentMessage, Decoder, Hello, PodCounters, PodMeta, ServerMessage, Snapshot, Update,
@@ -288,20 +286,7 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAny {
     }
 }
 
-/// The request body: frames the test queues, as they come.
-struct ChannelBody(mpsc::Receiver<Bytes>);
-
-impl hyper::body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
-    }
-}
+use kpulse_aggregator_api::serve::ChannelBody;
 
 /// One agent stream: the request body's sender and the response.
 struct AgentStream {

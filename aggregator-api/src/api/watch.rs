@@ -43,21 +43,17 @@
 
 use std::{
     collections::HashMap,
-    convert::Infallible,
     hash::{BuildHasher, Hasher, RandomState},
-    pin::Pin,
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc,
     },
-    task::{Context, Poll},
     time::{Duration, SystemTime},
 };
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Frame;
 use tokio::sync::mpsc;
 
 use super::{
@@ -69,7 +65,7 @@ use super::{
 };
 use crate::{
     metadata::MetadataSource,
-    serve::Body,
+    serve::{Body, ChannelBody},
     store::{Clock, Store},
 };
 
@@ -258,7 +254,7 @@ pub(super) fn start<C: Clock + 'static>(
                 .collect()
         })),
     };
-    let mut response = Response::new(EventBody { rx }.boxed());
+    let mut response = Response::new(ChannelBody(rx).boxed());
     *response.status_mut() = StatusCode::OK;
     response
         .headers_mut()
@@ -599,25 +595,6 @@ impl Watched for PodMetrics {
             containers: Vec::new(),
         };
         proto::encode_object(version.api_version(), Self::KIND, &empty)
-    }
-}
-
-/// The response body: whatever the watcher queued, as it comes.
-struct EventBody {
-    rx: mpsc::Receiver<Bytes>,
-}
-
-impl hyper::body::Body for EventBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.rx
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|c| Ok(Frame::data(c))))
     }
 }
 

@@ -1,6 +1,6 @@
 //! The request router and the security gate. Health endpoints answer unauthenticated
 //! probes; every other request is authenticated (the chain of `auth::chain`), authorized
-//! (a SubjectAccessReview), stripped of credentials, and only then handed to the API, or
+//! ([`Authorization`]: a SubjectAccessReview, or always for local use), stripped of credentials, and only then handed to the API, or
 //! to `/metrics` (the server's own metrics, [`crate::selfmetrics`]). Every request is
 //! counted and timed in one place, [`App`]'s [`Handler::handle`].
 
@@ -39,7 +39,26 @@ pub struct Security {
     /// Authentication.
     pub chain: Chain,
     /// Authorization.
-    pub authorizer: Arc<Authorizer>,
+    pub authorizer: Authorization,
+}
+
+/// How authenticated requests are authorized (`--authorization-mode`).
+#[derive(Clone, Debug)]
+pub enum Authorization {
+    /// A SubjectAccessReview (`Webhook`).
+    Webhook(Arc<Authorizer>),
+    /// Every authenticated request is allowed (`AlwaysAllow`): local use only.
+    AlwaysAllow,
+}
+
+impl Authorization {
+    /// Whether the request described by `attrs` may proceed.
+    pub async fn authorize(&self, attrs: &Attributes<'_>) -> Decision {
+        match self {
+            Authorization::Webhook(authorizer) => authorizer.authorize(attrs).await,
+            Authorization::AlwaysAllow => Decision::Allow,
+        }
+    }
 }
 
 /// What answers authorized requests: `None` from the router means "not ours" (404).
@@ -229,5 +248,31 @@ impl<R: Router> App<R> {
         self.router
             .route(&req)
             .unwrap_or_else(|| text(StatusCode::NOT_FOUND, "404 page not found\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{api::request::RequestParts, auth::UserInfo};
+
+    #[tokio::test]
+    async fn always_allow_allows_any_authenticated_request() {
+        let user = UserInfo {
+            name: "demo-admin".into(),
+            ..Default::default()
+        };
+        let req = Request::get("/apis/metrics.k8s.io/v1beta1/pods")
+            .body(Bytes::new())
+            .expect("request");
+        let parts = RequestParts::from_http(&req);
+        let Ok(p) = preflight(&parts) else {
+            panic!("preflight")
+        };
+        let attrs = Attributes::new(&user, p.info.attributes(&user.name), &p.info.api_version);
+        assert!(Authorization::AlwaysAllow
+            .authorize(&attrs)
+            .await
+            .is_allowed());
     }
 }

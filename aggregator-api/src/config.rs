@@ -76,9 +76,27 @@ pub struct Config {
     /// Allow unauthenticated requests (as `system:anonymous`); off by default.
     #[arg(long, env = "KPULSE_ANONYMOUS_AUTH", default_value_t = false)]
     pub anonymous_auth: bool,
+    /// Accept bearer tokens (users' and agents'), reviewed with a TokenReview. When nothing
+    /// else needs the Kubernetes API and none is configured, tokens are off (one INFO line).
+    #[arg(
+        long,
+        env = "KPULSE_AUTHENTICATION_TOKEN_WEBHOOK",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub authentication_token_webhook: bool,
     /// How long TokenReview answers are cached.
     #[arg(long, default_value = "10s", value_parser = duration)]
     pub authentication_token_webhook_cache_ttl: std::time::Duration,
+    /// How requests are authorized, as kube-apiserver's flag: `Webhook` (a
+    /// SubjectAccessReview) or `AlwaysAllow` (every authenticated request: local use only).
+    #[arg(
+        long,
+        env = "KPULSE_AUTHORIZATION_MODE",
+        value_enum,
+        default_value_t = AuthorizationMode::Webhook
+    )]
+    pub authorization_mode: AuthorizationMode,
     /// How long "allowed" SubjectAccessReview answers are cached.
     #[arg(long, default_value = "10s", value_parser = duration)]
     pub authorization_webhook_cache_authorized_ttl: std::time::Duration,
@@ -132,7 +150,36 @@ pub struct Config {
     pub max_agent_streams: usize,
 }
 
+/// `--authorization-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthorizationMode {
+    /// Delegated: a SubjectAccessReview per request (cached).
+    #[value(name = "Webhook")]
+    Webhook,
+    /// Every authenticated request is allowed; no Kubernetes API needed.
+    #[value(name = "AlwaysAllow")]
+    AlwaysAllow,
+}
+
 impl Config {
+    /// What the flags need the Kubernetes API for; empty when nothing does (bearer tokens,
+    /// wanted by default, then only work if an API is configured anyway).
+    pub fn kube_api_needed_for(&self) -> Vec<&'static str> {
+        let mut needs = Vec::new();
+        if self.authorization_mode == AuthorizationMode::Webhook {
+            needs.push("SubjectAccessReviews (--authorization-mode Webhook)");
+        }
+        if !self.authentication_skip_lookup
+            && (self.requestheader_client_ca_file.is_none() || self.client_ca_file.is_none())
+        {
+            needs.push(
+                "the extension-apiserver-authentication ConfigMap (no \
+                 --authentication-skip-lookup)",
+            );
+        }
+        needs
+    }
+
     /// The address of the agents' port.
     pub fn ingest_address(&self) -> std::net::SocketAddr {
         std::net::SocketAddr::new(
@@ -309,6 +356,41 @@ mod tests {
         ])
         .validate()
         .expect("another address");
+    }
+
+    #[test]
+    fn only_webhook_authorization_and_the_configmap_need_the_api() {
+        let c = parse(&[]);
+        assert_eq!(c.authorization_mode, AuthorizationMode::Webhook);
+        assert!(c.authentication_token_webhook);
+        assert_eq!(c.kube_api_needed_for().len(), 2);
+        let c = parse(&["--authorization-mode", "AlwaysAllow"]);
+        assert_eq!(
+            c.kube_api_needed_for().len(),
+            1,
+            "the ConfigMap is still followed"
+        );
+        let c = parse(&[
+            "--authorization-mode",
+            "AlwaysAllow",
+            "--authentication-skip-lookup",
+            "--authentication-token-webhook=false",
+        ]);
+        assert!(c.kube_api_needed_for().is_empty());
+        assert!(!c.authentication_token_webhook);
+        // Both CAs given by flags: the ConfigMap would not be followed either.
+        let c = parse(&[
+            "--authorization-mode=AlwaysAllow",
+            "--client-ca-file=/ca.crt",
+            "--requestheader-client-ca-file=/ca.crt",
+        ]);
+        assert!(c.kube_api_needed_for().is_empty());
+        let c = parse(&["--authentication-skip-lookup"]);
+        assert_eq!(
+            c.kube_api_needed_for(),
+            ["SubjectAccessReviews (--authorization-mode Webhook)"]
+        );
+        assert!(Config::try_parse_from(["x", "--authorization-mode", "alwaysallow"]).is_err());
     }
 
     #[test]

@@ -7,9 +7,9 @@ use std::{process::ExitCode, sync::Arc, time::Duration};
 use anyhow::Context;
 use clap::Parser;
 use kpulse_aggregator_api::{
-    app::{App, HealthChecks, Security},
+    app::{App, Authorization, HealthChecks, Security},
     auth::{self, chain, delegated, x509::CaBundle},
-    config::Config,
+    config::{AuthorizationMode, Config},
     health, ingest,
     metadata::StreamMetadata,
     selfmetrics, serve,
@@ -215,28 +215,32 @@ async fn maintain(sessions: Arc<Sessions>, heartbeat: Arc<health::Heartbeat>, ev
 }
 
 /// Who may stream which node: agents' tokens reviewed (for `--agent-token-audience`)
-/// through the same Kubernetes API client, and `--agent-client-ca-file` certificates.
-fn agent_identity(cfg: &Config, client: kube::Client) -> anyhow::Result<ingest::Identity> {
+/// through the same Kubernetes API client (when there is one), and `--agent-client-ca-file`
+/// certificates.
+fn agent_identity(cfg: &Config, client: Option<kube::Client>) -> anyhow::Result<ingest::Identity> {
     let audiences: Vec<String> = cfg
         .agent_token_audience
         .iter()
         .map(|a| a.trim().to_string())
         .filter(|a| !a.is_empty())
         .collect();
-    let tokens = delegated::TokenAuthenticator::new(
-        client,
-        delegated::TokenConfig {
-            cache_ttl: cfg.authentication_token_webhook_cache_ttl,
-            audiences: audiences.clone(),
-            ..Default::default()
-        },
-    )?;
+    let tokens = match client.filter(|_| cfg.authentication_token_webhook) {
+        Some(client) => Some(Arc::new(delegated::TokenAuthenticator::new(
+            client,
+            delegated::TokenConfig {
+                cache_ttl: cfg.authentication_token_webhook_cache_ttl,
+                audiences: audiences.clone(),
+                ..Default::default()
+            },
+        )?)),
+        None => None,
+    };
     let client_ca = match &cfg.agent_client_ca_file {
         Some(path) => Some(read_ca("--agent-client-ca-file", path)?),
         None => None,
     };
     Ok(ingest::Identity {
-        tokens: Some(Arc::new(tokens)),
+        tokens,
         audiences,
         service_accounts: cfg
             .agent_service_accounts
@@ -259,7 +263,14 @@ fn read_ca(flag: &str, path: &std::path::Path) -> anyhow::Result<CaBundle> {
 
 /// The Kubernetes API client (TokenReview, SubjectAccessReview, the authentication
 /// ConfigMap): from `--kubeconfig`, else the in-cluster configuration or `$KUBECONFIG`.
-async fn kube_client(cfg: &Config) -> anyhow::Result<kube::Client> {
+/// `None` when nothing needs it ([`Config::kube_api_needed_for`]) and either tokens are off
+/// or no API is configured (then bearer tokens are not accepted, said once at INFO).
+async fn kube_client(cfg: &Config) -> anyhow::Result<Option<kube::Client>> {
+    let needs = cfg.kube_api_needed_for();
+    if needs.is_empty() && !cfg.authentication_token_webhook {
+        tracing::info!("no Kubernetes API used (--authentication-token-webhook=false)");
+        return Ok(None);
+    }
     let kube_config = match &cfg.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -268,17 +279,41 @@ async fn kube_client(cfg: &Config) -> anyhow::Result<kube::Client> {
                 .await
                 .with_context(|| format!("using --kubeconfig {}", path.display()))?
         }
-        None => kube::Config::infer().await.context(
-            "no Kubernetes API configuration (in-cluster or $KUBECONFIG): it is needed for \
-             TokenReview and SubjectAccessReview; pass --kubeconfig",
-        )?,
+        None => match kube::Config::infer().await {
+            Ok(c) => c,
+            Err(e) if needs.is_empty() => {
+                tracing::info!(
+                    reason = %e,
+                    "no Kubernetes API configured and none needed: bearer tokens (TokenReview) \
+                     are not accepted"
+                );
+                return Ok(None);
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "no Kubernetes API configuration (in-cluster or $KUBECONFIG): it is \
+                         needed for {}; pass --kubeconfig",
+                        needs.join(" and ")
+                    )
+                })
+            }
+        },
     };
-    kube::Client::try_from(kube_config).context("building the Kubernetes API client")
+    kube::Client::try_from(kube_config)
+        .context("building the Kubernetes API client")
+        .map(Some)
 }
 
 /// Authentication and authorization from the flags and the
 /// `extension-apiserver-authentication` ConfigMap.
-async fn security(cfg: &Config, client: kube::Client) -> anyhow::Result<Security> {
+async fn security(cfg: &Config, client: Option<kube::Client>) -> anyhow::Result<Security> {
+    // `kube_client` only returns `None` when nothing below needs the API.
+    let needed = |what: &str| {
+        client
+            .clone()
+            .with_context(|| format!("{what} needs the Kubernetes API"))
+    };
     let request_header = match &cfg.requestheader_client_ca_file {
         Some(path) => Some(auth::requestheader::Config {
             ca: read_ca("--requestheader-client-ca-file", path)?,
@@ -294,17 +329,20 @@ async fn security(cfg: &Config, client: kube::Client) -> anyhow::Result<Security
         Some(path) => Some(read_ca("--client-ca-file", path)?),
         None => None,
     };
-    let tokens = delegated::TokenAuthenticator::new(
-        client.clone(),
-        delegated::TokenConfig {
-            cache_ttl: cfg.authentication_token_webhook_cache_ttl,
-            ..Default::default()
-        },
-    )?;
+    let tokens = match client.clone().filter(|_| cfg.authentication_token_webhook) {
+        Some(client) => Some(Arc::new(delegated::TokenAuthenticator::new(
+            client,
+            delegated::TokenConfig {
+                cache_ttl: cfg.authentication_token_webhook_cache_ttl,
+                ..Default::default()
+            },
+        )?)),
+        None => None,
+    };
     let chain = chain::Chain::new(chain::ChainConfig {
         request_header,
         client_ca,
-        tokens: Some(Arc::new(tokens)),
+        tokens,
         anonymous: if cfg.anonymous_auth {
             chain::Anonymous::Enabled { paths: Vec::new() }
         } else {
@@ -328,24 +366,30 @@ async fn security(cfg: &Config, client: kube::Client) -> anyhow::Result<Security
             auth::authconfig::NAME
         );
         tokio::spawn(auth::authconfig::follow(
-            client.clone(),
+            needed("following the authentication ConfigMap")?,
             chain.clone(),
             follow,
         ));
     }
-    let authorizer = delegated::Authorizer::new(
-        client,
-        delegated::AuthorizerConfig {
-            allow_ttl: cfg.authorization_webhook_cache_authorized_ttl,
-            deny_ttl: cfg.authorization_webhook_cache_unauthorized_ttl,
-            always_allow_paths: cfg.authorization_always_allow_paths.clone(),
-            ..Default::default()
-        },
-    )?;
-    Ok(Security {
-        chain,
-        authorizer: Arc::new(authorizer),
-    })
+    let authorizer = match cfg.authorization_mode {
+        AuthorizationMode::Webhook => Authorization::Webhook(Arc::new(delegated::Authorizer::new(
+            needed("--authorization-mode Webhook")?,
+            delegated::AuthorizerConfig {
+                allow_ttl: cfg.authorization_webhook_cache_authorized_ttl,
+                deny_ttl: cfg.authorization_webhook_cache_unauthorized_ttl,
+                always_allow_paths: cfg.authorization_always_allow_paths.clone(),
+                ..Default::default()
+            },
+        )?)),
+        AuthorizationMode::AlwaysAllow => {
+            tracing::warn!(
+                "--authorization-mode AlwaysAllow: every authenticated request is allowed; \
+                 for local use only"
+            );
+            Authorization::AlwaysAllow
+        }
+    };
+    Ok(Security { chain, authorizer })
 }
 
 /// SIGTERM or SIGINT; the handlers are installed when this is called, not when awaited.

@@ -177,7 +177,7 @@ fn load_ca(dir: &Path) -> Result<Option<(String, KeyPair)>> {
 }
 
 /// A new self-signed CA, good for [`CA_DAYS`].
-fn new_ca(now: OffsetDateTime) -> Result<(String, KeyPair)> {
+pub(crate) fn new_ca(now: OffsetDateTime) -> Result<(String, KeyPair)> {
     let mut params = CertificateParams::default();
     params
         .distinguished_name
@@ -216,7 +216,7 @@ fn not_after_of(pem: &str) -> Result<OffsetDateTime> {
     Ok(cert.validity().not_after.to_datetime())
 }
 
-fn write(dir: &Path, name: &str, contents: &str, secret: bool) -> Result<()> {
+pub(crate) fn write(dir: &Path, name: &str, contents: &str, secret: bool) -> Result<()> {
     let path = dir.join(name);
     // Replace rather than rewrite in place: a file made before with wider permissions
     // keeps none of them.
@@ -243,7 +243,7 @@ patches:
   - path: apiservice-cabundle.yaml
 ";
 
-fn b64(s: &str) -> String {
+pub(crate) fn b64(s: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(s)
 }
 

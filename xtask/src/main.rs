@@ -1,10 +1,11 @@
-//! Project chores, as `cargo xtask <command>`: build the eBPF programs, run the tests
-//! (on this host and in qemu VMs), benchmarks, the TLS material of `deploy/`. Not shipped;
+//! Project chores, as `cargo xtask <command>`: a local demo, build the eBPF programs, run
+//! the tests (on this host and in qemu VMs), benchmarks, the TLS material of `deploy/`. Not shipped;
 //! not a library.
 
 mod bench_ingest;
 mod build_ebpf;
 mod certs;
+mod demo;
 mod exec;
 mod test;
 mod vm;
@@ -27,6 +28,8 @@ enum Command {
     BuildEbpf(build_ebpf::Options),
     /// Make the CA, serving certificate and caBundle patch that deploy/ includes.
     Certs(certs::Options),
+    /// Run the agent and the aggregator-api here, with demo pods, and watch `kubectl top`.
+    Demo(demo::Options),
     /// Run every test: lints, host tests, accuracy on this kernel and in qemu VMs.
     Test(test::Options),
     /// Boot Debian kernels (pure cgroup v2) in qemu and run a test binary inside.
@@ -39,6 +42,7 @@ fn main() -> Result<()> {
         Command::BenchIngest(opts) => bench_ingest::run(&opts),
         Command::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
         Command::Certs(opts) => certs::run(&opts),
+        Command::Demo(opts) => demo::run(&opts),
         Command::Test(opts) => test::run(&opts),
         Command::Vm(opts) => vm::run(&opts),
     }

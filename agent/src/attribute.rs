@@ -175,13 +175,13 @@ impl PodSet {
     }
 }
 
-/// A container the index knows: its pod, its name, and when it started.
+/// A container the index knows: its pod and its name. (Start times come from the kernel,
+/// in `starttime.rs`: the status' `startedAt` is whole seconds.)
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct ContainerRef {
     /// The pod's `metadata.uid`.
     pod: String,
     name: String,
-    started_at: Option<UnixNanos>,
 }
 
 /// This node's pods and how to find their containers' cgroups. Immutable: a source builds a
@@ -260,14 +260,13 @@ impl PodIndex {
                 index.by_cgroup_uid.insert(hash, uid.clone());
             }
             let mut required = Vec::new();
-            for (name, id, started_at) in running_containers(pod) {
+            for (name, id) in running_containers(pod) {
                 required.push(name.clone());
                 index.by_container.insert(
                     id,
                     ContainerRef {
                         pod: uid.clone(),
                         name,
-                        started_at,
                     },
                 );
             }
@@ -340,7 +339,6 @@ impl PodIndex {
                 let r = ContainerRef {
                     pod: pod.uid.clone(),
                     name: c.name.clone(),
-                    started_at: None,
                 };
                 if index.by_path.insert(cgroup.clone(), r).is_some() {
                     return Err(invalid(format!("cgroup {cgroup} is listed twice")));
@@ -421,7 +419,7 @@ impl PodIndex {
                 name: r.name.clone(),
                 timestamp: UnixNanos(snap.timestamp.0),
                 cgroup_id: Some(CgroupId(c.id.0)),
-                started_at: r.started_at,
+                started_at: None,
                 cpu: CpuNanos(cpu.0),
                 memory_working_set: Bytes(memory.working_set.0),
             });
@@ -505,8 +503,8 @@ fn pod_meta(pod: &Pod) -> Option<PodMeta> {
     })
 }
 
-/// The running containers of a pod (app, init and ephemeral): name, id, start time.
-fn running_containers(pod: &Pod) -> Vec<(String, ContainerId, Option<UnixNanos>)> {
+/// The running containers of a pod (app, init and ephemeral): name and id.
+fn running_containers(pod: &Pod) -> Vec<(String, ContainerId)> {
     let Some(status) = &pod.status else {
         return Vec::new();
     };
@@ -520,13 +518,9 @@ fn running_containers(pod: &Pod) -> Vec<(String, ContainerId, Option<UnixNanos>)
         .flatten()
         .flatten()
         .filter_map(|s| {
-            let running = s.state.as_ref()?.running.as_ref()?;
+            s.state.as_ref()?.running.as_ref()?;
             let id = ContainerId::from_status(s.container_id.as_deref()?)?;
-            let started_at = running.started_at.as_ref().and_then(|t| {
-                let ns = t.0.as_nanosecond();
-                u64::try_from(ns).ok().map(UnixNanos)
-            });
-            Some((s.name.clone(), id, started_at))
+            Some((s.name.clone(), id))
         })
         .collect()
 }
@@ -908,7 +902,10 @@ mod tests {
         assert_eq!(app.cgroup_id, Some(CgroupId(11)));
         assert_eq!(app.memory_working_set, Bytes(900));
         assert_eq!(app.timestamp, UnixNanos(42));
-        assert_eq!(app.started_at, Some(UnixNanos(1_700_000_000_000_000_000)));
+        assert_eq!(
+            app.started_at, None,
+            "start times are the run loop's (starttime.rs)"
+        );
         let etcd = a
             .counters
             .iter()

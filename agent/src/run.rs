@@ -128,14 +128,9 @@ impl TickLoop {
             let joined = tokio::task::spawn_blocking(move || {
                 let r = c.collect().map(|s| {
                     let mut a = index.join(&s);
-                    match st.as_mut() {
-                        Some(st) => st.fill(&s, &mut a.counters),
-                        // Without a precise start, none at all (see `starttime`).
-                        None => a
-                            .counters
-                            .iter_mut()
-                            .flat_map(|p| p.containers.iter_mut())
-                            .for_each(|c| c.started_at = None),
+                    // Without a cgroup2 mount to read from, no start times (see `starttime`).
+                    if let Some(st) = st.as_mut() {
+                        st.fill(&s, &mut a.counters);
                     }
                     (s, a, index)
                 });

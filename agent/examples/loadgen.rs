@@ -142,43 +142,6 @@ impl Ca {
     }
 }
 
-/// Accepts any server certificate: the benchmark's server is on loopback with a
-/// self-signed certificate; what is measured is the ingest, not server authentication.
-#[derive(Debug)]
-struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &rustls::pki_types::ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 fn now() -> UnixNanos {
     UnixNanos::from_system_time(SystemTime::now())
 }
@@ -258,7 +221,6 @@ impl Node {
 }
 
 async fn run(args: Args, ca: Ca) -> Result<()> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let metrics = Arc::new(ShipMetrics::default());
     let resolution = Duration::from_millis(args.resolution_ms.max(100));
     let ramp = Duration::from_secs(args.ramp_secs);
@@ -266,15 +228,12 @@ async fn run(args: Args, ca: Ca) -> Result<()> {
     for i in 0..args.nodes {
         let name = format!("{}{i}", args.node_prefix);
         let (cert, key) = ca.issue(&name)?;
-        let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .context("TLS versions")?
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServer(provider.clone())))
-            .with_client_auth_cert(vec![cert], key)
-            .context("client certificate")?;
-        tls.alpn_protocols = vec![b"h2".to_vec()];
-        let mut config = ShipConfig::new(Replicas::Static(args.server.clone()), Arc::new(tls));
+        // Any server certificate: the benchmark's server is on loopback with a self-signed
+        // certificate; what is measured is the ingest, not server authentication.
+        let tls =
+            ship::tls::client_config_from(ship::tls::Trust::AnyServer, Some((vec![cert], key)))
+                .context("client certificate")?;
+        let mut config = ShipConfig::new(Replicas::Static(args.server.clone()), tls);
         config.credentials = Credentials::None;
         config.server_name = Some("localhost".to_owned());
         config.metrics = metrics.clone();

@@ -57,7 +57,8 @@ fn main_dump(args: &DumpArgs) -> ExitCode {
     }
 }
 
-fn collector(c: &CollectArgs) -> anyhow::Result<Box<dyn Collector>> {
+/// The collector, and the cgroup layout it reads.
+fn collector(c: &CollectArgs) -> anyhow::Result<(Box<dyn Collector>, Layout)> {
     let layout = Layout::detect()?;
     let scope = Scope {
         layout: layout.clone(),
@@ -70,12 +71,12 @@ fn collector(c: &CollectArgs) -> anyhow::Result<Box<dyn Collector>> {
         warn!(%reason, "eBPF collector unavailable, using cgroupfs");
     }
     info!(collector = %collector.source(), layout = layout.name(), "collector ready");
-    Ok(collector)
+    Ok((collector, layout))
 }
 
 fn run_dump(args: &DumpArgs) -> anyhow::Result<()> {
     let c = &args.collect;
-    let mut collector = collector(c)?;
+    let (mut collector, _) = collector(c)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     dump::run(collector.as_mut(), args.count, c.resolution, &mut out)
@@ -125,7 +126,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     .context("TLS client configuration")?;
 
     let c = args.collect.clone();
-    let collector = tokio::task::spawn_blocking(move || collector(&c))
+    let (collector, layout) = tokio::task::spawn_blocking(move || collector(&c))
         .await
         .context("collector setup")??;
     let source = collector.source();
@@ -193,13 +194,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let shipper = Shipper::spawn(config, ship::hello(&args.node_name, &agent));
 
     // Containers' start times come from the hierarchy every process is in (cgroup2).
-    let procs_root = match Layout::detect() {
-        Ok(l) => Some(l.cpu_mount().to_path_buf()),
-        Err(e) => {
-            warn!(error = %kpulse_agent::error::chain(&e), "container start times unknown");
-            None
-        }
-    };
+    let procs_root = Some(layout.cpu_mount().to_path_buf());
     let ended = TickLoop {
         collector,
         attributor,

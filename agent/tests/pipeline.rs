@@ -37,20 +37,18 @@ use std::{
     ffi::OsString,
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    pin::Pin,
     process::{Child, Command, Stdio},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
     },
-    task::{Context, Poll},
     time::{Duration, Instant, SystemTime},
 };
 
 use bytes::Bytes;
-use common::TestCgroups;
+use common::{ChannelBody, TestCgroups};
 use http_body_util::BodyExt;
-use hyper::body::{Frame, Incoming};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kpulse_agent::{
     attribute::PodSet,
@@ -754,21 +752,6 @@ struct Tap {
 impl Drop for Tap {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-/// A response body fed from a channel.
-struct ChannelBody(mpsc::Receiver<Bytes>);
-
-impl hyper::body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
     }
 }
 

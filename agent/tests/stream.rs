@@ -18,18 +18,16 @@ use std::{
     io::{BufRead, BufReader, Read, Write},
     net::SocketAddr,
     path::{Path, PathBuf},
-    pin::Pin,
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
-    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
 use bytes::Bytes;
-use common::TestCgroups;
+use common::{ChannelBody, TestCgroups};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::{Frame, Incoming};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kpulse_agent::layout::Layout;
 use kpulse_wire::stream::{
@@ -108,21 +106,6 @@ fn pki(dir: &Path) -> Pki {
     Pki {
         ca_file,
         server: Arc::new(server),
-    }
-}
-
-/// A response body fed from a channel.
-struct ChannelBody(mpsc::Receiver<Bytes>);
-
-impl hyper::body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
     }
 }
 

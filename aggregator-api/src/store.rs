@@ -121,7 +121,7 @@ use kpulse_wire::{Bytes, CgroupId, ContainerSample, CpuNanos, NodeBatch, NodeSam
 /// shorter window that uncertainty would be more than 4 % of the rate, so such a container
 /// waits for its second point instead.
 pub const MIN_FIRST_WINDOW: Duration = Duration::from_millis(250);
-const MIN_FIRST_WINDOW_NANOS: u64 = 250_000_000;
+const MIN_FIRST_WINDOW_NANOS: u64 = MIN_FIRST_WINDOW.as_nanos() as u64;
 
 /// Default for [`StoreConfig::first_point_max_age`]: metrics-server's default resolution.
 pub const DEFAULT_FIRST_POINT_MAX_AGE: Duration = Duration::from_secs(15);

@@ -50,12 +50,6 @@ impl Drop for Killed {
     }
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// `utime + stime` of `pid`, in seconds.
 fn cpu_seconds(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -212,7 +206,7 @@ fn measure(opts: &Options, dir: &Path, server_bin: &Path, loadgen_bin: &Path) ->
         &kubeconfig,
         "apiVersion: v1\nkind: Config\nclusters:\n- name: none\n  cluster: {server: \"http://127.0.0.1:9\"}\nusers:\n- name: u\n  user: {token: x}\ncontexts:\n- name: c\n  context: {cluster: none, user: u}\ncurrent-context: c\n",
     )?;
-    let (api_port, ingest_port) = (free_port()?, free_port()?);
+    let (api_port, ingest_port) = (crate::exec::free_port()?, crate::exec::free_port()?);
     // As many descriptors as allowed: a stream per simulated node on each side.
     let nofile = "ulimit -n \"$(ulimit -Hn)\" && exec \"$@\"";
     let server = Killed(

@@ -101,7 +101,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let dir = root.join("target/demo");
     fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let started = Instant::now();
-    let (api_port, ingest_port) = (free_port()?, free_port()?);
+    let (api_port, ingest_port) = (crate::exec::free_port()?, crate::exec::free_port()?);
     let files = write_pki(&dir, &opts.node_name, api_port)?;
     println!("kubeconfig: {}", files.kubeconfig.display());
 
@@ -283,12 +283,6 @@ fn stop_signal() -> Result<mpsc::Receiver<&'static str>> {
         let _ = tx.send(name);
     });
     Ok(rx)
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// What [`write_pki`] wrote.

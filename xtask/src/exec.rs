@@ -29,3 +29,10 @@ pub fn output(cmd: &mut Command) -> Result<String> {
     }
     String::from_utf8(out.stdout).with_context(|| format!("{cmd:?} printed non-UTF-8"))
 }
+
+/// A loopback TCP port that was free a moment ago (for servers the xtask starts).
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}

@@ -52,29 +52,60 @@ pub struct TlsOptions {
     pub client_cert: Option<(PathBuf, PathBuf)>,
 }
 
-/// Builds the client configuration: TLS 1.2+ with ring, ALPN `h2`.
+/// Builds the client configuration from files: TLS 1.2+ with ring, ALPN `h2`.
 ///
 /// # Errors
 ///
 /// Unreadable or empty PEM files, a key rustls refuses, or no way to verify the server.
 pub fn client_config(opts: &TlsOptions) -> Result<Arc<rustls::ClientConfig>, TlsError> {
-    let provider = Arc::new(ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()?;
-    let builder = if opts.insecure_skip_verify {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServer { provider }))
+    let trust = if opts.insecure_skip_verify {
+        Trust::AnyServer
     } else {
         let ca = opts.ca_file.as_deref().ok_or(TlsError::NoTrust)?;
         let mut roots = rustls::RootCertStore::empty();
         for cert in read_certs(ca)? {
             roots.add(cert)?;
         }
-        builder.with_root_certificates(roots)
+        Trust::Roots(roots)
     };
-    let mut config = match &opts.client_cert {
-        Some((cert, key)) => builder.with_client_auth_cert(read_certs(cert)?, read_key(key)?)?,
+    let client = match &opts.client_cert {
+        Some((cert, key)) => Some((read_certs(cert)?, read_key(key)?)),
+        None => None,
+    };
+    client_config_from(trust, client)
+}
+
+/// How the client decides to trust the server.
+#[derive(Debug)]
+pub enum Trust {
+    /// Certificates chaining to these roots.
+    Roots(rustls::RootCertStore),
+    /// Any certificate (`--insecure-skip-tls-verify`, load generators on loopback); the
+    /// handshake's signatures are still checked.
+    AnyServer,
+}
+
+/// [`client_config`] from certificates already in memory (a load generator issuing one
+/// client certificate per simulated node).
+///
+/// # Errors
+///
+/// A client key rustls refuses.
+pub fn client_config_from(
+    trust: Trust,
+    client: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let provider = Arc::new(ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let builder = match trust {
+        Trust::AnyServer => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServer { provider })),
+        Trust::Roots(roots) => builder.with_root_certificates(roots),
+    };
+    let mut config = match client {
+        Some((chain, key)) => builder.with_client_auth_cert(chain, key)?,
         None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = vec![b"h2".to_vec()];

@@ -8,6 +8,7 @@
 //! | `kpulse_agent_incomplete_pods` | gauge, per tick | none |
 //! | `kpulse_agent_collection_duration_seconds` | histogram (1 ms … 10 s) | none |
 //! | `kpulse_agent_collection_errors_total` | counter | none |
+//! | `kpulse_agent_sent_ticks_total` | counter | `replica` |
 //! | `kpulse_agent_dropped_ticks_total` | counter | `replica` |
 //! | `kpulse_agent_reconnects_total` | counter | `replica` |
 //! | `kpulse_agent_stream_errors_total` | counter | `replica`, `reason` |

@@ -3,10 +3,13 @@
 //! not a library.
 
 mod bench_ingest;
+mod bench_restart;
 mod build_ebpf;
 mod certs;
 mod demo;
 mod exec;
+mod harness;
+mod soak;
 mod test;
 mod vm;
 
@@ -24,12 +27,16 @@ struct Cli {
 enum Command {
     /// One aggregator-api replica ingesting simulated agents: CPU, RSS, latency, bytes.
     BenchIngest(bench_ingest::Options),
+    /// Server restarts under load: time until every node and pod is served again.
+    BenchRestart(bench_restart::Options),
     /// Check/install the eBPF toolchain, then build the programs in ebpf/.
     BuildEbpf(build_ebpf::Options),
     /// Make the CA, serving certificate and caBundle patch that deploy/ includes.
     Certs(certs::Options),
     /// Run the agent and the aggregator-api here, with demo pods, and watch `kubectl top`.
     Demo(demo::Options),
+    /// Long run under agents and readers: end-to-end count, errors, RSS drift; pass/fail.
+    Soak(soak::Options),
     /// Run every test: lints, host tests, accuracy on this kernel and in qemu VMs.
     Test(test::Options),
     /// Boot Debian kernels (pure cgroup v2) in qemu and run a test binary inside.
@@ -40,9 +47,11 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::BenchIngest(opts) => bench_ingest::run(&opts),
+        Command::BenchRestart(opts) => bench_restart::run(&opts),
         Command::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
         Command::Certs(opts) => certs::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
+        Command::Soak(opts) => soak::run(&opts),
         Command::Test(opts) => test::run(&opts),
         Command::Vm(opts) => vm::run(&opts),
     }

@@ -49,7 +49,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let stop = Stop::install()?;
     let bins = harness::release_binaries(false)?;
     let dir = harness::Scratch::new("bench-ingest")?;
-    measure(opts, &dir.0, &bins, &stop)
+    measure(opts, &dir.dir, &bins, &stop)
 }
 
 fn measure(opts: &Options, dir: &Path, bins: &harness::Binaries, stop: &Stop) -> Result<()> {
@@ -72,6 +72,9 @@ fn measure(opts: &Options, dir: &Path, bins: &harness::Binaries, stop: &Stop) ->
         containers: opts.containers,
         ramp_secs: opts.ramp_secs,
         servers: &servers,
+        // The server's CPU is what is measured: it gets the CPU first.
+        nice: true,
+        log_filter: None,
     }
     .start(
         &bins.loadgen,

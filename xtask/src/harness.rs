@@ -30,6 +30,8 @@ pub struct Binaries {
 pub fn release_binaries(no_build: bool) -> Result<Binaries> {
     let root = crate::vm::workspace_root()?;
     if !no_build {
+        // One invocation: the server's library is built once, with the features both need
+        // (the example uses it too), instead of once per invocation.
         crate::exec::run(Command::new("cargo").current_dir(&root).args([
             "build",
             "--release",
@@ -37,10 +39,6 @@ pub fn release_binaries(no_build: bool) -> Result<Binaries> {
             "kpulse-aggregator-api",
             "--bin",
             "kpulse-aggregator-api",
-        ]))?;
-        crate::exec::run(Command::new("cargo").current_dir(&root).args([
-            "build",
-            "--release",
             "-p",
             "kpulse-agent",
             "--example",
@@ -75,8 +73,13 @@ pub fn require_curl(tool: &str) -> Result<()> {
     Ok(())
 }
 
-/// A scratch directory under the system's temporary directory, removed on drop.
-pub struct Scratch(pub PathBuf);
+/// A scratch directory under the system's temporary directory, removed on drop unless
+/// kept.
+pub struct Scratch {
+    /// The directory.
+    pub dir: PathBuf,
+    name: String,
+}
 
 impl Scratch {
     /// `<tmp>/kpulse-<name>-<pid>`, empty.
@@ -84,13 +87,26 @@ impl Scratch {
         let dir = std::env::temp_dir().join(format!("kpulse-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(Scratch(dir))
+        Ok(Scratch {
+            dir,
+            name: name.to_owned(),
+        })
+    }
+
+    /// Keeps its files: moves them to `<tmp>/kpulse-<name>-logs-<pid>` and says where.
+    pub fn keep(&self) {
+        let kept =
+            self.dir
+                .with_file_name(format!("kpulse-{}-logs-{}", self.name, std::process::id()));
+        if fs::rename(&self.dir, &kept).is_ok() {
+            eprintln!("{}: logs in {}", self.name, kept.display());
+        }
     }
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
+        let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -144,6 +160,19 @@ impl Proc {
         log: &Path,
         stdout: Option<&Path>,
     ) -> Result<Proc> {
+        Proc::spawn_with_env(name, program, args, nice, log, stdout, &[])
+    }
+
+    /// [`Proc::spawn`] with environment variables set.
+    pub fn spawn_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        nice: bool,
+        log: &Path,
+        stdout: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> Result<Proc> {
         let mut cmd = if nice {
             let mut c = Command::new("nice");
             c.args(["-n", "19", "bash"]);
@@ -160,6 +189,7 @@ impl Proc {
         let child = cmd
             .process_group(0)
             .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -388,6 +418,11 @@ pub struct Agents<'a> {
     pub ramp_secs: u64,
     /// Where they stream.
     pub servers: &'a [String],
+    /// At the lowest priority (`nice 19`), so that the server gets the CPU it asks for, as
+    /// on its own node; or at the normal one, so that they keep their 1 Hz on a busy host.
+    pub nice: bool,
+    /// `RUST_LOG` of the load generator (default: warnings).
+    pub log_filter: Option<&'a str>,
 }
 
 impl Agents<'_> {
@@ -405,8 +440,7 @@ impl Agents<'_> {
         .to_vec()
     }
 
-    /// Starts them at the lowest priority (the server should get the CPU it asks for, as on
-    /// its own node); their JSON summary goes to `summary`.
+    /// Starts them; their JSON summary goes to `summary`.
     pub fn start(&self, bin: &Path, pki: &Pki, log: &Path, summary: &Path) -> Result<Proc> {
         let mut args = vec!["--ca-dir".to_owned(), pki.dir.display().to_string()];
         for s in self.servers {
@@ -414,7 +448,86 @@ impl Agents<'_> {
         }
         args.extend(self.shape());
         args.extend(["--ramp-secs".to_owned(), self.ramp_secs.to_string()]);
-        Proc::spawn("the load generator", bin, &args, true, log, Some(summary))
+        let env: Vec<(&str, &str)> = self
+            .log_filter
+            .map(|f| ("RUST_LOG", f))
+            .into_iter()
+            .collect();
+        Proc::spawn_with_env(
+            "the load generator",
+            bin,
+            &args,
+            self.nice,
+            log,
+            Some(summary),
+            &env,
+        )
+    }
+}
+
+/// A reader polling until every node and pod of the agents is served
+/// (`loadgen --wait-complete`).
+pub struct Waiter {
+    proc: Proc,
+    out: PathBuf,
+    limit_secs: u64,
+}
+
+impl Waiter {
+    /// Starts it (files `waiter-<name>.{out,log}` in `dir`); it gives up after `limit_secs`.
+    pub fn start(
+        bins: &Binaries,
+        pki: &Pki,
+        server: &Server,
+        agents: &Agents<'_>,
+        dir: &Path,
+        name: &str,
+        limit_secs: u64,
+    ) -> Result<Waiter> {
+        let mut args = vec![
+            "--ca-dir".to_owned(),
+            pki.dir.display().to_string(),
+            "--read-api".to_owned(),
+            server.api(),
+            "--wait-complete".to_owned(),
+            "--timeout-secs".to_owned(),
+            limit_secs.to_string(),
+        ];
+        args.extend(agents.shape());
+        let out = dir.join(format!("waiter-{name}.out"));
+        let proc = Proc::spawn(
+            "the reader",
+            &bins.loadgen,
+            &args,
+            false,
+            &dir.join(format!("waiter-{name}.log")),
+            Some(&out),
+        )?;
+        Ok(Waiter {
+            proc,
+            out,
+            limit_secs,
+        })
+    }
+
+    /// Waits for its verdict: the JSON it printed when complete, an error otherwise.
+    pub fn finish(mut self, stop: &Stop) -> Result<serde_json::Value> {
+        // It gives up by itself after its limit; this is only a backstop.
+        let deadline = Instant::now() + Duration::from_secs(self.limit_secs + 15);
+        while self.proc.wait_for(Duration::from_millis(200))?.is_none() {
+            stop.check()?;
+            ensure!(Instant::now() < deadline, "the reader did not end");
+        }
+        let v = read_summary(&self.out)?;
+        if v["complete"] != true {
+            bail!(
+                "not complete within {} s: {}; see {}",
+                self.limit_secs,
+                v["last"],
+                self.proc.log.display()
+            );
+        }
+        Ok(v)
     }
 }
 

@@ -5,11 +5,15 @@
 //! Steps: build the release server and load generator; make the agents' CA and a user
 //! certificate; start the server (client certificates for agents and users,
 //! `--authorization-mode AlwaysAllow`); start `--agents` simulated agents (the `loadgen`
-//! example, `nice 19`) and wait until every node and pod is stored; start the reader
-//! (`loadgen --read-api`, `--reads-per-sec`, the mix and checks of `loadgen/read.rs`). The
-//! soak's clock starts then: `--duration` long, the first `--warmup` of it not judged. The
-//! server's RSS (`VmRSS`) is sampled every `--rss-interval`; its CPU and the `/metrics`
-//! counters are taken at the end of the warm-up and at the end.
+//! example, at the normal priority) and wait until every node and pod is stored; start the
+//! reader (`loadgen --read-api`, `--reads-per-sec`, the mix and checks of
+//! `loadgen/read.rs`). The soak's clock starts then: `--duration` long, the first `--warmup`
+//! of it not judged. The server's RSS (`VmRSS`) is sampled every `--rss-interval` (judged);
+//! it is also read every second, and each window's lowest and mean readings are reported
+//! beside the samples, with the trend (least squares), to tell a leak (a rising trend and
+//! floor) from responses being built (a list of every PodMetrics in JSON holds about 35 MiB
+//! while it is built: 17.7 MB of body at 1,000 nodes × 30 pods). Its CPU and the
+//! `/metrics` counters are taken at the end of the warm-up and at the end.
 //!
 //! At the end the reader stops (its summary: reads, errors by class, latency), then the
 //! agents stop producing, drain their queues and end their streams cleanly (their summary:
@@ -21,8 +25,9 @@
 //! reconnect, no tick dropped or unsent, nothing lost, no 5xx or failed API answer and no
 //! refused stream in the server's `/metrics`, no ERROR line in its log, the reader kept its
 //! rate (≥ 95 % of `--reads-per-sec`), and every RSS sample after the warm-up is within
-//! ±`--rss-tolerance-percent` of their mean. Prints the report as Markdown (and writes it to
-//! `--report`); the logs are kept with `--keep-logs`.
+//! ±`--rss-tolerance-percent` of their mean. Prints the report as Markdown (and writes it,
+//! and the RSS series as CSV, to `--report`); the logs are kept with `--keep-logs` or when
+//! it fails.
 
 use std::{
     fmt::Write as _,
@@ -37,7 +42,7 @@ use crate::{
     demo::parse_duration,
     harness::{
         self, cpu_seconds, delta, ms, quantile, read_summary, rss_mib, sum, value, Agents,
-        Binaries, Metrics, Pki, Proc, Server, ServerAuth, Stop,
+        Binaries, Metrics, Pki, Proc, Server, ServerAuth, Stop, Waiter,
     },
 };
 
@@ -78,7 +83,8 @@ pub struct Options {
     /// Oldest served timestamp the reader accepts as fresh, in seconds.
     #[arg(long, default_value_t = 5)]
     max_age_secs: u64,
-    /// Also write the Markdown report to this file.
+    /// Also write the Markdown report to this file (and the RSS series beside it, as
+    /// `<name>.rss.csv`).
     #[arg(long)]
     report: Option<PathBuf>,
     /// Use the release binaries already built.
@@ -89,8 +95,53 @@ pub struct Options {
     keep_logs: bool,
 }
 
-/// One RSS sample: seconds since the soak's start, MiB.
-type Sample = (f64, f64);
+/// One RSS window of `--rss-interval` (MiB), read every second.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    /// Seconds since the soak's start, at the window's end.
+    t: f64,
+    /// The RSS at the window's end: the sample every `--rss-interval` (judged).
+    point: f64,
+    /// The lowest RSS in the window: the memory the server keeps between responses (a list
+    /// of every PodMetrics in JSON holds tens of MiB while it is built).
+    floor: f64,
+    /// The mean of the window's readings.
+    mean: f64,
+}
+
+/// The RSS readings of the window being measured.
+#[derive(Default)]
+struct Window {
+    min: Option<f64>,
+    sum: f64,
+    n: u32,
+    last: f64,
+}
+
+impl Window {
+    fn add(&mut self, mib: f64) {
+        self.min = Some(self.min.map_or(mib, |m: f64| m.min(mib)));
+        self.sum += mib;
+        self.n += 1;
+        self.last = mib;
+    }
+
+    /// The window's sample; the next window starts empty.
+    fn close(&mut self, t: f64) -> Sample {
+        let s = Sample {
+            t,
+            point: self.last,
+            floor: self.min.unwrap_or(self.last),
+            mean: if self.n > 0 {
+                self.sum / f64::from(self.n)
+            } else {
+                self.last
+            },
+        };
+        *self = Window::default();
+        s
+    }
+}
 
 /// Runs the soak.
 pub fn run(opts: &Options) -> Result<()> {
@@ -110,21 +161,27 @@ pub fn run(opts: &Options) -> Result<()> {
     let stop = Stop::install()?;
     let bins = harness::release_binaries(opts.no_build)?;
     let scratch = harness::Scratch::new("soak")?;
-    let dir = scratch.0.clone();
+    let dir = scratch.dir.clone();
     let result = soak(opts, duration, &dir, &bins, &stop);
-    let failed = result.as_ref().map_or(true, |r| !r.failures.is_empty());
-    if opts.keep_logs || failed {
-        // Keep the logs of a failed run, or when asked: out of the scratch directory.
-        let kept = std::env::temp_dir().join(format!("kpulse-soak-logs-{}", std::process::id()));
-        if std::fs::rename(&dir, &kept).is_ok() {
-            eprintln!("soak: logs in {}", kept.display());
-        }
+    if let Ok(r) = &result {
+        let _ = std::fs::write(dir.join("rss.csv"), &r.rss_csv);
+    }
+    if opts.keep_logs || result.as_ref().map_or(true, |r| !r.failures.is_empty()) {
+        scratch.keep();
     }
     let report = result?;
     print!("{}", report.markdown);
     if let Some(path) = &opts.report {
         std::fs::write(path, &report.markdown)
             .with_context(|| format!("writing {}", path.display()))?;
+        let csv = path.with_extension("rss.csv");
+        std::fs::write(&csv, &report.rss_csv)
+            .with_context(|| format!("writing {}", csv.display()))?;
+        eprintln!(
+            "soak: report in {}, RSS series in {}",
+            path.display(),
+            csv.display()
+        );
     }
     if !report.failures.is_empty() {
         bail!("soak failed: {}", report.failures.join("; "));
@@ -135,6 +192,8 @@ pub fn run(opts: &Options) -> Result<()> {
 struct Report {
     markdown: String,
     failures: Vec<String>,
+    /// The RSS windows: seconds since the start, floor and sample (MiB).
+    rss_csv: String,
 }
 
 /// What the soak measured.
@@ -176,6 +235,10 @@ fn soak(
         containers: opts.containers,
         ramp_secs: opts.ramp_secs,
         servers: &servers,
+        // At the normal priority: on a busy host, agents at nice 19 fall behind their 1 Hz
+        // and the reader rightly finds stale data; on their own nodes they would not.
+        nice: false,
+        log_filter: None,
     };
     let agents_out = dir.join("loadgen.out");
     let mut loadgen = agents.start(&bins.loadgen, &pki, &dir.join("loadgen.log"), &agents_out)?;
@@ -197,6 +260,11 @@ fn soak(
         [&mut server_proc, &mut loadgen],
         stop,
     )?;
+    // Stored is not yet served (a node's first batch gives no rate): the reader's own check,
+    // once, before the reads are judged.
+    Waiter::start(bins, &pki, &server, &agents, dir, "first", 60)?
+        .finish(stop)
+        .context("every node and pod is stored but not all are served")?;
 
     let mut reader_args = vec![
         "--ca-dir".to_owned(),
@@ -222,7 +290,8 @@ fn soak(
     let started = Instant::now();
     let at = |d: Duration| started + d;
     let mut rss = Vec::new();
-    let mut next_sample = started;
+    let mut window = Window::default();
+    let mut next_sample = started + opts.rss_interval;
     let mut next_progress = started + Duration::from_secs(60);
     let mut warm: Option<(f64, [f64; 3], Metrics)> = None;
     let mut rss_at_warmup = 0.0;
@@ -239,9 +308,9 @@ fn soak(
             p.check_running()?;
         }
         let now = Instant::now();
+        window.add(rss_mib(pids[0])?.0);
         if now >= next_sample {
-            let (mib, _) = rss_mib(pids[0])?;
-            rss.push((now.duration_since(started).as_secs_f64(), mib));
+            rss.push(window.close(now.duration_since(started).as_secs_f64()));
             next_sample += opts.rss_interval;
         }
         if warm.is_none() && now >= at(opts.warmup) {
@@ -255,13 +324,14 @@ fn soak(
         }
         if now >= next_progress {
             next_progress += Duration::from_secs(60);
-            let last = rss.last().map_or(0.0, |s| s.1);
+            let last = rss.last().map_or(0.0, |s| s.point);
             eprintln!(
                 "soak: {} of {}, server RSS {last:.0} MiB",
                 human(now.duration_since(started)),
                 human(duration)
             );
         }
+        // RSS every second (the windows' floors); events on time.
         let next = [next_sample, next_progress, at(duration)]
             .into_iter()
             .chain(warm.is_none().then(|| at(opts.warmup)))
@@ -274,7 +344,8 @@ fn soak(
     }
     let (warm_at, cpu_warm, m_warm) = warm.context("the warm-up never ended")?;
     let (mib, rss_peak) = rss_mib(pids[0])?;
-    rss.push((started.elapsed().as_secs_f64(), mib));
+    window.add(mib);
+    rss.push(window.close(started.elapsed().as_secs_f64()));
     let cpu_end = cpus(pids)?;
     let judged = started.elapsed().as_secs_f64() - warm_at;
     let m_end = server.scrape()?;
@@ -399,8 +470,12 @@ struct RssStats {
     slope_per_hour: f64,
 }
 
-fn rss_stats(samples: &[Sample], from: f64) -> Option<RssStats> {
-    let after: Vec<Sample> = samples.iter().copied().filter(|s| s.0 >= from).collect();
+fn rss_stats(samples: &[Sample], from: f64, of: fn(&Sample) -> f64) -> Option<RssStats> {
+    let after: Vec<(f64, f64)> = samples
+        .iter()
+        .filter(|s| s.t >= from)
+        .map(|s| (s.t, of(s)))
+        .collect();
     let n = after.len();
     if n == 0 {
         return None;
@@ -479,7 +554,9 @@ fn report(opts: &Options, m: &Measured) -> Report {
     ));
     let judged_secs = (m.duration - m.warmup).as_secs_f64();
     let from = m.warmup.as_secs_f64();
-    let rss = rss_stats(&m.rss, from);
+    let points = rss_stats(&m.rss, from, |s| s.point);
+    let floors = rss_stats(&m.rss, from, |s| s.floor);
+    let means = rss_stats(&m.rss, from, |s| s.mean);
     let tol = opts.rss_tolerance_percent;
 
     let mut md = String::new();
@@ -657,7 +734,22 @@ fn report(opts: &Options, m: &Measured) -> Report {
         "0",
         res,
     );
-    match &rss {
+    let describe = |s: &RssStats| {
+        format!(
+            "mean {:.0} MiB; min {:.0}, max {:.0}, last {:.0} MiB: **{:+.1} % … {:+.1} %** \
+             ({} windows of {}; trend {:+.1} MiB/h)",
+            s.mean,
+            s.min,
+            s.max,
+            s.last,
+            s.low_pct,
+            s.high_pct,
+            s.n,
+            human(opts.rss_interval),
+            s.slope_per_hour
+        )
+    };
+    match &points {
         Some(s) => {
             let res = check(
                 s.low_pct >= -tol && s.high_pct <= tol,
@@ -667,20 +759,11 @@ fn report(opts: &Options, m: &Measured) -> Report {
                 ),
             );
             row(
-                "server RSS after warm-up",
-                format!(
-                    "mean {:.0} MiB; min {:.0}, max {:.0}, last {:.0} MiB: **{:+.1} % … {:+.1} %** \
-                     ({} samples every {}; trend {:+.1} MiB/h)",
-                    s.mean,
-                    s.min,
-                    s.max,
-                    s.last,
-                    s.low_pct,
-                    s.high_pct,
-                    s.n,
-                    human(opts.rss_interval),
-                    s.slope_per_hour
+                &format!(
+                    "server RSS after warm-up, sampled every {}",
+                    human(opts.rss_interval)
                 ),
+                describe(s),
                 &format!("within ±{tol} % of the mean"),
                 res,
             );
@@ -693,6 +776,20 @@ fn report(opts: &Options, m: &Measured) -> Report {
                 "",
                 "**FAIL**",
             );
+        }
+    }
+    for (what, stats) in [
+        (
+            "server RSS after warm-up: each window's lowest reading (read every second)",
+            &floors,
+        ),
+        (
+            "server RSS after warm-up: each window's mean reading",
+            &means,
+        ),
+    ] {
+        if let Some(s) = stats {
+            row(what, describe(s), "", "");
         }
     }
     row(
@@ -721,10 +818,12 @@ fn report(opts: &Options, m: &Measured) -> Report {
         "",
         "",
     );
-    if let Some(errors) = r["first_errors"].as_array().filter(|e| !e.is_empty()) {
-        let _ = writeln!(md, "\nFirst reader errors:\n");
-        for e in errors {
-            let _ = writeln!(md, "- {}", e.as_str().unwrap_or_default());
+    if let Some(classes) = r["first_errors"].as_object().filter(|e| !e.is_empty()) {
+        let _ = writeln!(md, "\nFirst reader errors of each class:\n");
+        for (class, errors) in classes {
+            for e in errors.as_array().into_iter().flatten() {
+                let _ = writeln!(md, "- {class}: {}", e.as_str().unwrap_or_default());
+            }
         }
     }
     if !m.first_server_errors.is_empty() {
@@ -742,9 +841,18 @@ fn report(opts: &Options, m: &Measured) -> Report {
             format!("Result: **FAIL** ({})", failures.join("; "))
         }
     );
+    let mut rss_csv = String::from("seconds,sample_mib,lowest_mib,mean_mib\n");
+    for s in &m.rss {
+        let _ = writeln!(
+            rss_csv,
+            "{:.0},{:.1},{:.1},{:.1}",
+            s.t, s.point, s.floor, s.mean
+        );
+    }
     Report {
         markdown: md,
         failures,
+        rss_csv,
     }
 }
 
@@ -754,18 +862,38 @@ mod tests {
 
     #[test]
     fn rss_deviation_is_relative_to_the_mean_after_warmup() {
-        let samples = [
+        let samples: Vec<Sample> = [
             (0.0, 50.0),
             (10.0, 100.0),
             (20.0, 104.0),
             (30.0, 96.0),
             (40.0, 100.0),
-        ];
-        let s = rss_stats(&samples, 10.0).expect("samples");
+        ]
+        .into_iter()
+        .map(|(t, point)| Sample {
+            t,
+            point,
+            floor: point - 30.0,
+            mean: point - 10.0,
+        })
+        .collect();
+        let s = rss_stats(&samples, 10.0, |s| s.point).expect("samples");
         assert_eq!(s.n, 4);
         assert_eq!((s.min, s.max, s.last, s.mean), (96.0, 104.0, 100.0, 100.0));
         assert!((s.high_pct - 4.0).abs() < 1e-9 && (s.low_pct + 4.0).abs() < 1e-9);
-        assert!(rss_stats(&samples, 50.0).is_none());
+        assert!(rss_stats(&samples, 50.0, |s| s.point).is_none());
+    }
+
+    #[test]
+    fn windows_keep_their_last_lowest_and_mean_reading() {
+        let mut w = Window::default();
+        for mib in [120.0, 100.0, 140.0] {
+            w.add(mib);
+        }
+        let s = w.close(10.0);
+        assert_eq!((s.t, s.point, s.floor, s.mean), (10.0, 140.0, 100.0, 120.0));
+        w.add(90.0);
+        assert_eq!(w.close(20.0).floor, 90.0);
     }
 
     #[test]

@@ -4,9 +4,10 @@
 //! restart measurements.
 //!
 //! One HTTP/2 + TLS connection (client certificate from the agents' CA, as a user), opened
-//! again when it breaks. Reads follow a fixed cycle ([`MIX`]): per 20 reads, 2 lists of every
-//! PodMetrics, 2 lists of NodeMetrics, 4 label-selected PodMetrics lists in one namespace
-//! and 12 gets of one random pod; half of each asks for JSON, half for protobuf.
+//! again when it breaks. Reads follow a fixed cycle ([`nth`]): per 50 reads, one list of
+//! every PodMetrics (the heaviest: 17.7 MB of JSON at 1,000 nodes × 30 pods), 5 lists of
+//! NodeMetrics, 16 label-selected PodMetrics lists in one namespace (`app=…`) and 28 gets of
+//! one random pod; half of each asks for JSON, half for protobuf.
 //!
 //! An answer counts as correct when it is a 200, parses (JSON into typed objects; protobuf
 //! through the server's own message definitions), lists exactly the objects that should be
@@ -49,10 +50,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Reads in flight at most; beyond, the schedule waits (and the achieved rate shows it).
 const MAX_IN_FLIGHT: usize = 32;
-/// Error messages kept verbatim (the rest are only counted).
-const FIRST_ERRORS: usize = 20;
+/// Error messages kept verbatim per class of error (the rest are only counted).
+const FIRST_ERRORS: usize = 5;
+/// Missing objects named in an error.
+const MISSING_SHOWN: usize = 5;
 /// Relative tolerance of a served CPU rate.
 const CPU_TOLERANCE: f64 = 0.01;
+/// Failed polls of [`wait_complete`] reported (milliseconds since it started, why).
+const PROGRESS_KEPT: usize = 100;
 /// Pause between two polls of [`wait_complete`].
 const POLL_PAUSE: Duration = Duration::from_millis(20);
 
@@ -103,33 +108,30 @@ impl Kind {
     }
 }
 
-/// One cycle of reads (see the module docs).
-const MIX: [(Kind, Format); 20] = {
-    use Format::{Json as J, Protobuf as P};
-    use Kind::*;
-    [
-        (ListPods, J),
-        (GetPod, J),
-        (ListNodes, J),
-        (GetPod, P),
-        (SelectPods, J),
-        (GetPod, J),
-        (GetPod, P),
-        (SelectPods, P),
-        (GetPod, J),
-        (GetPod, P),
-        (ListPods, P),
-        (GetPod, J),
-        (ListNodes, P),
-        (GetPod, P),
-        (SelectPods, J),
-        (GetPod, J),
-        (GetPod, P),
-        (SelectPods, P),
-        (GetPod, J),
-        (GetPod, P),
-    ]
-};
+/// Reads per cycle (one second at 50 reads/s).
+const CYCLE: u64 = 50;
+
+/// The `i`-th read (see the module docs): per cycle of [`CYCLE`], one list of every
+/// PodMetrics, 5 NodeMetrics lists, 16 label-selected lists and 28 gets; formats alternate
+/// read by read, and from one cycle to the next, so that each kind is read in both.
+fn nth(i: u64) -> (Kind, Format) {
+    let (cycle, slot) = (i / CYCLE, i % CYCLE);
+    let kind = if slot == 0 {
+        Kind::ListPods
+    } else if slot % 10 == 5 {
+        Kind::ListNodes
+    } else if slot % 3 == 1 {
+        Kind::SelectPods
+    } else {
+        Kind::GetPod
+    };
+    let format = if (slot + cycle) % 2 == 0 {
+        Format::Json
+    } else {
+        Format::Protobuf
+    };
+    (kind, format)
+}
 
 /// Reader settings.
 #[derive(Clone, Debug)]
@@ -631,9 +633,19 @@ fn check_pods(
         }
     }
     if seen.len() != expected {
+        let missing: Vec<String> = (0..sim.nodes)
+            .flat_map(|n| (0..sim.pods).map(move |p| (n, p)))
+            .filter(|(n, p)| selected(*p) && !seen.contains(&(*n, *p)))
+            .take(MISSING_SHOWN)
+            .map(|(n, p)| Sim::pod_name(&sim.node(n), p))
+            .collect();
         return Err(fail(
             Class::Incomplete,
-            format!("{} pods listed, {expected} expected", seen.len()),
+            format!(
+                "{} pods listed, {expected} expected; missing {}",
+                seen.len(),
+                missing.join(", ")
+            ),
         ));
     }
     Ok(())
@@ -656,9 +668,19 @@ fn check_nodes(sim: &Sim, nodes: &[NodeObject], max_age: Duration) -> Result<(),
         check_usage(&what, &n.usage, sim::NODE_NANOCORES, sim::NODE_MEMORY)?;
     }
     if seen.len() != sim.nodes {
+        let missing: Vec<String> = (0..sim.nodes)
+            .filter(|i| !seen.contains(i))
+            .take(MISSING_SHOWN)
+            .map(|i| sim.node(i))
+            .collect();
         return Err(fail(
             Class::Incomplete,
-            format!("{} nodes listed, {} expected", seen.len(), sim.nodes),
+            format!(
+                "{} nodes listed, {} expected; missing {}",
+                seen.len(),
+                sim.nodes,
+                missing.join(", ")
+            ),
         ));
     }
     Ok(())
@@ -803,7 +825,7 @@ struct Stats {
     by_kind: BTreeMap<String, (Histogram, u64)>,
     classes: BTreeMap<&'static str, u64>,
     errors: u64,
-    first_errors: Vec<String>,
+    first_errors: BTreeMap<&'static str, Vec<String>>,
 }
 
 impl Stats {
@@ -813,7 +835,7 @@ impl Stats {
             by_kind: BTreeMap::new(),
             classes: BTreeMap::new(),
             errors: 0,
-            first_errors: Vec::new(),
+            first_errors: BTreeMap::new(),
         }
     }
 
@@ -828,12 +850,14 @@ impl Stats {
         if let Err(f) = d.result {
             *errors += 1;
             self.errors += 1;
-            *self.classes.entry(f.class.name()).or_default() += 1;
-            if self.first_errors.len() < FIRST_ERRORS {
-                self.first_errors.push(format!("{key}: {}", f.message));
-            }
-            if self.errors <= FIRST_ERRORS as u64 {
+            let n = self.classes.entry(f.class.name()).or_default();
+            *n += 1;
+            if *n <= FIRST_ERRORS as u64 {
                 tracing::warn!(read = %key, class = f.class.name(), "{}", f.message);
+                self.first_errors
+                    .entry(f.class.name())
+                    .or_default()
+                    .push(format!("{key}: {}", f.message));
             }
         }
     }
@@ -878,7 +902,7 @@ pub async fn run(
             p = permits.clone().acquire_owned() => p.context("semaphore closed")?,
             _ = stop.wait_for(|s| *s) => break,
         };
-        let (kind, format) = MIX[usize::try_from(issued % MIX.len() as u64).unwrap_or(0)];
+        let (kind, format) = nth(issued);
         issued += 1;
         let read = Read::new(&sim, kind, format, &mut rng);
         let (client, sim, tx, max_age) = (client.clone(), sim.clone(), tx.clone(), opts.max_age);
@@ -944,57 +968,74 @@ pub async fn run(
     }))
 }
 
-/// Polls NodeMetrics, then every PodMetrics (protobuf), until both are complete and fresh,
-/// or `limit` passes. The JSON says when (`complete_unix_ns`, the arrival of the answer
-/// that completed it; `first_answer_unix_ns`, the first HTTP answer at all) or why not.
+/// Polls until every node and pod is served and fresh, or `limit` passes: first the
+/// NodeMetrics list alone (small: a fine-grained time), then every PodMetrics (protobuf).
+///
+/// The JSON says when, in Unix nanoseconds: `first_answer_unix_ns`, the first HTTP answer;
+/// `nodes_complete_unix_ns`, the arrival of the first complete NodeMetrics list;
+/// `complete_unix_ns`, the arrival of the first complete PodMetrics list (after that: an
+/// upper bound, as building and sending 30,000 pods takes a while);
+/// `complete_request_unix_ns`, when that list was asked for. Or why not (`last`); and why
+/// each poll before failed (`progress`).
 pub async fn wait_complete(opts: &Options, sim: &Sim, client: &Client, limit: Duration) -> Value {
     let started = Instant::now();
     let mut polls = 0u64;
     let mut first_answer: Option<u128> = None;
+    let mut nodes_complete: Option<u128> = None;
     let mut last = String::from("no answer yet");
+    let mut progress = Vec::new();
     while started.elapsed() < limit {
         polls += 1;
-        let result = async {
-            let a = client
-                .get(&format!("{API}/nodes"), Format::Json)
-                .await
-                .map_err(|e| fail(Class::Transport, format!("{e:#}")))?;
-            first_answer.get_or_insert_with(unix_nanos);
-            Read {
-                kind: Kind::ListNodes,
-                format: Format::Json,
-                path: String::new(),
-                selector: (0, 0),
+        let (kind, format, path) = if nodes_complete.is_none() {
+            (Kind::ListNodes, Format::Json, format!("{API}/nodes"))
+        } else {
+            (Kind::ListPods, Format::Protobuf, format!("{API}/pods"))
+        };
+        let asked = unix_nanos();
+        let result = match client.get(&path, format).await {
+            Err(e) => Err(fail(Class::Transport, format!("{e:#}"))),
+            Ok(a) => {
+                first_answer.get_or_insert_with(unix_nanos);
+                let read = Read {
+                    kind,
+                    format,
+                    path,
+                    selector: (0, 0),
+                };
+                read.check(sim, &a, opts.max_age)
             }
-            .check(sim, &a, opts.max_age)?;
-            let a = client
-                .get(&format!("{API}/pods"), Format::Protobuf)
-                .await
-                .map_err(|e| fail(Class::Transport, format!("{e:#}")))?;
-            Read {
-                kind: Kind::ListPods,
-                format: Format::Protobuf,
-                path: String::new(),
-                selector: (0, 0),
+        };
+        match (result, kind) {
+            (Ok(()), Kind::ListNodes) => {
+                nodes_complete = Some(unix_nanos());
+                continue;
             }
-            .check(sim, &a, opts.max_age)
-        }
-        .await;
-        match result {
-            Ok(()) => {
+            (Ok(()), _) => {
+                let text = |t: Option<u128>| t.map(|t| t.to_string());
                 return json!({
                     "complete": true,
                     "complete_unix_ns": unix_nanos().to_string(),
-                    "first_answer_unix_ns": first_answer.map(|t| t.to_string()),
+                    "complete_request_unix_ns": asked.to_string(),
+                    "nodes_complete_unix_ns": text(nodes_complete),
+                    "first_answer_unix_ns": text(first_answer),
                     "polls": polls,
                     "waited_ms": started.elapsed().as_secs_f64() * 1e3,
+                    "progress": progress,
                 });
             }
-            Err(f) => last = format!("{}: {}", f.class.name(), f.message),
+            (Err(f), _) => {
+                last = format!("{}: {}", f.class.name(), f.message);
+                if progress.len() < PROGRESS_KEPT {
+                    progress.push(json!([
+                        started.elapsed().as_millis(),
+                        last.chars().take(160).collect::<String>()
+                    ]));
+                }
+            }
         }
         tokio::time::sleep(POLL_PAUSE).await;
     }
-    json!({"complete": false, "polls": polls, "last": last})
+    json!({"complete": false, "polls": polls, "last": last, "progress": progress})
 }
 
 fn unix_nanos() -> u128 {
@@ -1016,6 +1057,30 @@ mod tests {
         let n = quantity("123456789n").expect("nanocores");
         assert!((n - 0.123_456_789).abs() < 1e-15, "{n}");
         assert_eq!(quantity("x"), None);
+    }
+
+    #[test]
+    fn the_mix_has_every_kind_in_both_formats() {
+        let mut counts = BTreeMap::new();
+        for i in 0..2 * CYCLE {
+            let (k, f) = nth(i);
+            *counts.entry((k.name(), f.name())).or_insert(0) += 1;
+        }
+        assert_eq!(counts[&("list_pods", "json")], 1);
+        assert_eq!(counts[&("list_pods", "protobuf")], 1);
+        assert_eq!(
+            counts[&("list_nodes", "json")] + counts[&("list_nodes", "protobuf")],
+            10
+        );
+        assert_eq!(
+            counts[&("select_pods", "json")],
+            counts[&("select_pods", "protobuf")]
+        );
+        assert_eq!(
+            counts[&("get_pod", "json")],
+            counts[&("get_pod", "protobuf")]
+        );
+        assert_eq!(counts.values().sum::<i32>(), 100);
     }
 
     #[test]

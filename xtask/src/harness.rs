@@ -313,6 +313,7 @@ pub struct Server {
     args: Vec<String>,
     /// The user certificate its `/metrics` is read with, if any.
     pub client: Option<(PathBuf, PathBuf)>,
+    env: Vec<(String, String)>,
 }
 
 impl Server {
@@ -367,6 +368,7 @@ impl Server {
             ingest_port,
             args,
             client,
+            env: Vec::new(),
         })
     }
 
@@ -382,7 +384,23 @@ impl Server {
 
     /// Starts the server, stderr to `log`.
     pub fn start(&self, bin: &Path, log: &Path) -> Result<Proc> {
-        Proc::spawn("the server", bin, &self.args, false, log, None)
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        Proc::spawn_with_env("the server", bin, &self.args, false, log, None, &env)
+    }
+
+    /// Sets environment variables of the server (`KEY=VALUE` each) for its next starts.
+    pub fn set_env(&mut self, vars: &[String]) -> Result<()> {
+        for v in vars {
+            let (k, val) = v
+                .split_once('=')
+                .with_context(|| format!("{v:?} is not KEY=VALUE"))?;
+            self.env.push((k.to_owned(), val.to_owned()));
+        }
+        Ok(())
     }
 
     /// Its `/metrics`.

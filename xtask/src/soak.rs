@@ -93,6 +93,11 @@ pub struct Options {
     /// Keep the logs (their directory is printed) instead of removing them.
     #[arg(long)]
     keep_logs: bool,
+    /// An environment variable of the server, `KEY=VALUE` (repeatable): e.g.
+    /// `MIMALLOC_PURGE_DELAY=-1`, mimalloc keeping the memory it freed instead of returning
+    /// it to the system after 10 ms.
+    #[arg(long = "server-env")]
+    server_env: Vec<String>,
 }
 
 /// One RSS window of `--rss-interval` (MiB), read every second.
@@ -224,7 +229,8 @@ fn soak(
     stop: &Stop,
 ) -> Result<Report> {
     let pki = Pki::create(&bins.loadgen, &dir.join("ca"))?;
-    let server = Server::new(dir, &pki.ca, ServerAuth::ClientCerts(&pki))?;
+    let mut server = Server::new(dir, &pki.ca, ServerAuth::ClientCerts(&pki))?;
+    server.set_env(&opts.server_env)?;
     let server_log = dir.join("server.log");
     let mut server_proc = server.start(&bins.server, &server_log)?;
     server.wait_answering(&mut server_proc, Duration::from_secs(30), stop)?;
@@ -570,10 +576,15 @@ fn report(opts: &Options, m: &Measured) -> Report {
         human(m.duration),
         human(m.warmup)
     );
+    let env: String = opts
+        .server_env
+        .iter()
+        .map(|e| format!(" --server-env {e}"))
+        .collect();
     let _ = writeln!(
         md,
         "```sh\ncargo xtask soak --agents {} --pods {} --containers {} --reads-per-sec {} \
-         --duration {}s --warmup {}s\n```\n",
+         --duration {}s --warmup {}s{env}\n```\n",
         opts.agents,
         opts.pods,
         opts.containers,

@@ -16,6 +16,7 @@
 pub mod attribute;
 pub mod cgroup_path;
 pub mod cgroupfs;
+pub mod clock;
 pub mod collect;
 pub mod config;
 pub mod dump;

@@ -370,24 +370,39 @@ fn version_mismatch(v: u32) -> ProbeError {
     ))
 }
 
+/// A clock [`clock_nanos`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockId {
+    /// `CLOCK_REALTIME`: the wall clock, which may step.
+    Realtime,
+    /// `CLOCK_BOOTTIME`: time since boot, suspend included; never steps.
+    Boottime,
+}
+
+/// Nanoseconds of `clock`; `None` if it cannot be read.
+pub fn clock_nanos(clock: ClockId) -> Option<u128> {
+    let id = match clock {
+        ClockId::Realtime => libc::CLOCK_REALTIME,
+        ClockId::Boottime => libc::CLOCK_BOOTTIME,
+    };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; clock_gettime has no other
+    // preconditions.
+    let rc = unsafe { libc::clock_gettime(id, &mut ts) };
+    if rc != 0 {
+        return None;
+    }
+    Some(u128::try_from(ts.tv_sec).ok()? * 1_000_000_000 + u128::try_from(ts.tv_nsec).ok()?)
+}
+
 /// The wall-clock instant of boot, to the nanosecond: `CLOCK_REALTIME − CLOCK_BOOTTIME`
 /// (`/proc/stat`'s `btime` is whole seconds). `None` if a clock cannot be read.
 pub fn boot_wall_clock() -> Option<kpulse_wire::UnixNanos> {
-    fn read(clock: libc::clockid_t) -> Option<u128> {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid, writable timespec; clock_gettime has no other
-        // preconditions.
-        let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
-        if rc != 0 {
-            return None;
-        }
-        Some(u128::try_from(ts.tv_sec).ok()? * 1_000_000_000 + u128::try_from(ts.tv_nsec).ok()?)
-    }
-    let boot = read(libc::CLOCK_BOOTTIME)?;
-    let real = read(libc::CLOCK_REALTIME)?;
+    let boot = clock_nanos(ClockId::Boottime)?;
+    let real = clock_nanos(ClockId::Realtime)?;
     u64::try_from(real.checked_sub(boot)?)
         .ok()
         .map(kpulse_wire::UnixNanos)

@@ -34,8 +34,6 @@ pub struct TickLoop {
     pub attributor: Attributor,
     /// Tick interval.
     pub resolution: Duration,
-    /// The node's boot time ([`NodeSample::started_at`]).
-    pub node_started_at: Option<UnixNanos>,
     /// Where containers' start times are read (`cgroup.procs`): the cgroup2 mount; `None`
     /// sends no start times (the server then waits for two points).
     pub procs_root: Option<std::path::PathBuf>,
@@ -94,7 +92,6 @@ impl TickLoop {
             collector,
             attributor,
             resolution,
-            node_started_at,
             procs_root,
             metrics,
         } = self;
@@ -122,6 +119,14 @@ impl TickLoop {
             let Some(mut c) = collector.take() else {
                 return Ok(());
             };
+            if let Some(step) = crate::clock::check() {
+                metrics.clock_steps.inc();
+                tracing::warn!(
+                    %step,
+                    "the wall clock stepped: timestamps follow it from this tick on; every \
+                     series restarts, so no rate spans the step"
+                );
+            }
             let index = attributor.current();
             let started = std::time::Instant::now();
             let mut st = starts.take();
@@ -188,7 +193,7 @@ impl TickLoop {
                 }
                 seen.unattributed = unattributed > 0;
             }
-            shipper.publish(tick(&snap, attribution, index.pods(), node_started_at));
+            shipper.publish(tick(&snap, attribution, index.pods(), crate::clock::boot()));
         }
     }
 }

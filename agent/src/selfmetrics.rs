@@ -53,6 +53,8 @@ pub struct AgentMetrics {
     pub collection_duration: Histogram,
     /// Collections that failed.
     pub collection_errors: Counter,
+    /// Steps of the wall clock seen (see `clock`).
+    pub clock_steps: Counter,
     /// The shipper's metrics.
     pub ship: Arc<ShipMetrics>,
     registry: Registry,
@@ -72,6 +74,7 @@ impl AgentMetrics {
         let incomplete_pods = Gauge::default();
         let collection_duration = Histogram::new(COLLECTION_BUCKETS);
         let collection_errors = Counter::default();
+        let clock_steps = Counter::default();
         let ship = Arc::new(ShipMetrics::default());
         {
             let r = registry.sub_registry_with_prefix("kpulse_agent");
@@ -96,6 +99,11 @@ impl AgentMetrics {
                 "Collections that failed (the tick was skipped)",
                 collection_errors.clone(),
             );
+            r.register(
+                "clock_steps",
+                "Steps of the node's wall clock seen; each restarts every series once",
+                clock_steps.clone(),
+            );
             ship.register(r);
         }
         AgentMetrics {
@@ -103,6 +111,7 @@ impl AgentMetrics {
             incomplete_pods,
             collection_duration,
             collection_errors,
+            clock_steps,
             ship,
             registry,
         }

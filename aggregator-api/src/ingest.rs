@@ -805,6 +805,11 @@ where
         match decoder.next_message::<AgentMessage>() {
             Ok(Some(AgentMessage::Hello(hello))) => {
                 metrics.message(&AgentMessage::Hello(hello.clone()));
+                // A Hello that arrived whole is bounded by the frame limit only: its
+                // content (kept for the node's lifetime) must fit the Hello's own.
+                if hello_bytes(&hello) > MAX_HELLO_BYTES {
+                    return Err(bad(format!("the Hello is over {MAX_HELLO_BYTES} bytes")));
+                }
                 return Ok(hello);
             }
             Ok(Some(other)) => {
@@ -835,6 +840,17 @@ where
             }
         }
     }
+}
+
+/// The bytes of text a Hello carries (its node's name, labels and agent).
+fn hello_bytes(hello: &Hello) -> usize {
+    hello
+        .node_labels
+        .iter()
+        .map(|(k, v)| k.len() + v.len())
+        .sum::<usize>()
+        .saturating_add(hello.node_name.len())
+        .saturating_add(hello.agent.len())
 }
 
 /// One response frame; the last one ends the body.
@@ -1263,6 +1279,35 @@ mod tests {
             message.contains(r#"token is bound to node "node-a", not "node-b""#),
             "{message}"
         );
+        // A Hello over its limit, whole in one chunk or still incomplete.
+        let mut big = hello("node-a");
+        if let AgentMessage::Hello(h) = &mut big {
+            h.node_labels
+                .insert("big".into(), "x".repeat(MAX_HELLO_BYTES));
+        }
+        let (r, _) = open(&f, STREAM_PATH, v, t, &[big.clone()]).await;
+        let (code, message) = error_of(r).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            message,
+            format!("the Hello is over {MAX_HELLO_BYTES} bytes")
+        );
+        let (tx, rx) = mpsc::channel(1);
+        tx.send(frame(&big).slice(..MAX_HELLO_BYTES + 10))
+            .await
+            .expect("queue");
+        let req = Request::post(STREAM_PATH)
+            .header(VERSION_HEADER, "1.0")
+            .header(header::AUTHORIZATION, "Bearer node-a-token")
+            .body(ChannelBody(rx))
+            .expect("request");
+        let (code, message) = error_of(f.ingest.handle(req, &peer()).await).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            message,
+            format!("the Hello is over {MAX_HELLO_BYTES} bytes")
+        );
+        drop(tx);
         // No Hello in time.
         let (r, _keep_open) = open(&f, STREAM_PATH, v, t, &[]).await;
         assert_eq!(error_of(r).await.0, StatusCode::REQUEST_TIMEOUT);
@@ -1272,7 +1317,7 @@ mod tests {
         let m = &f.ingest.sessions().sink().metrics;
         for (reason, n) in [
             (RejectReason::BadVersion, 3),
-            (RejectReason::BadHello, 2),
+            (RejectReason::BadHello, 4),
             (RejectReason::NoCredentials, 1),
             (RejectReason::WrongNode, 1),
             (RejectReason::HelloTimeout, 1),

@@ -42,7 +42,8 @@
 //! for the node replaces the first) and applies every message through the session code
 //! ([`crate::session`]). It ends when the agent closes it, on a protocol error, when it is
 //! replaced, when no message arrived for [`Settings::idle_timeout`]
-//! (`max(3 × --metric-expiry, 30 s)`), or on shutdown. The node's data outlives the stream
+//! (`max(3 × --metric-expiry, 30 s)`; whole messages count, so a frame trickled byte by byte
+//! does not keep a stream open), or on shutdown. The node's data outlives the stream
 //! until `--metric-expiry` expires it.
 
 use std::{

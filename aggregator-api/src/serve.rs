@@ -14,7 +14,7 @@
 //! | first request's headers after the handshake (both protocols) | [`Limits::header_read_timeout`] | connection closed |
 //! | each HTTP/1.1 request's headers, idle keep-alive included | [`Limits::header_read_timeout`] | connection closed (hyper) |
 //! | no request in flight | [`Limits::idle_timeout`] | GOAWAY / close, then dropped after [`IDLE_CLOSE_GRACE`] |
-//! | header size | [`Limits::max_header_bytes`], [`Limits::max_headers`] (HTTP/1.1) | 431 (HTTP/1.1: then closed; HTTP/2: the stream is refused) |
+//! | header size | [`Limits::max_header_bytes`], [`Limits::max_headers`] (HTTP/1.1) | 431 (HTTP/1.1: then closed; HTTP/2: for that stream only) |
 //! | HTTP/2 streams | [`Limits::max_concurrent_streams`] | the client must wait (SETTINGS); extra streams are refused |
 //! | HTTP/2 peer liveness | PING every [`Limits::keep_alive_interval`], [`Limits::keep_alive_timeout`] | connection closed |
 //! | HTTP/2 resets | [`MAX_PENDING_ACCEPT_RESET_STREAMS`], [`MAX_LOCAL_ERROR_RESET_STREAMS`] | GOAWAY |

@@ -111,6 +111,7 @@ impl TickLoop {
         let mut stop = std::pin::pin!(stop);
         let mut collector = Some(collector);
         let mut seen = Seen::default();
+        let mut collector_stats = crate::collect::CollectorStats::default();
         loop {
             tokio::select! {
                 _ = interval.tick() => {}
@@ -143,11 +144,19 @@ impl TickLoop {
             })
             .await;
             let (c, st, result) = joined.map_err(RunError::CollectorPanicked)?;
-            collector = Some(c);
-            starts = st;
             metrics
                 .collection_duration
                 .observe(started.elapsed().as_secs_f64());
+            let now = c.stats();
+            metrics.collector.record(c.source(), &collector_stats, &now);
+            collector_stats = now;
+            if let Some(st) = st.as_ref() {
+                metrics
+                    .start_time_cache_entries
+                    .set(i64::try_from(st.len()).unwrap_or(i64::MAX));
+            }
+            collector = Some(c);
+            starts = st;
             let (snap, attribution, index) = match result {
                 Ok(r) => r,
                 Err(e) => {
@@ -163,6 +172,12 @@ impl TickLoop {
             if seen.error.take().is_some() {
                 tracing::info!("collection works again");
             }
+            metrics
+                .cgroups
+                .set(i64::try_from(snap.cgroups.len()).unwrap_or(i64::MAX));
+            metrics
+                .pods
+                .set(i64::try_from(index.pods().len()).unwrap_or(i64::MAX));
             if snap.dropped != seen.dropped {
                 if snap.dropped > 0 {
                     tracing::warn!(

@@ -84,6 +84,16 @@ impl StartTimes {
         self.known.retain(|id, _| live.contains(id));
     }
 
+    /// Cgroups whose start time is kept (those of the last tick's containers).
+    pub fn len(&self) -> usize {
+        self.known.len()
+    }
+
+    /// Whether no start time is kept.
+    pub fn is_empty(&self) -> bool {
+        self.known.is_empty()
+    }
+
     /// The earliest start of the processes in the cgroup at `path` (relative to the root),
     /// in nanoseconds since boot.
     fn earliest_start(&self, path: &str) -> Option<u64> {

@@ -165,13 +165,24 @@ fn run() {
         ));
     }
     let after = bpf::loaded_programs_named("cgroup_stats");
-    let orphans: Vec<u32> = after
-        .iter()
-        .copied()
-        .filter(|p| {
-            !before.contains(p) && bpf::holders_of_program(*p).is_empty() && bpf::exists("prog", *p)
-        })
-        .collect();
+    // A program no live process holds, and that stays loaded: leaked. (Another process's
+    // program can be caught between its exit and the kernel freeing it: look again.)
+    let unheld = |ids: &[u32]| -> Vec<u32> {
+        ids.iter()
+            .copied()
+            .filter(|p| {
+                !before.contains(p)
+                    && bpf::holders_of_program(*p).is_empty()
+                    && bpf::exists("prog", *p)
+            })
+            .collect()
+    };
+    let mut orphans = unheld(&after);
+    let since = Instant::now();
+    while !orphans.is_empty() && since.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(100));
+        orphans = unheld(&orphans);
+    }
     println!(
         "restart: cgroup_stats programs loaded: {} before agent A, {} after it was killed; \
          orphans {orphans:?}",

@@ -39,7 +39,7 @@ const RESOLUTION: &str = "1s";
 /// blocking threads, which live 10 s, gone).
 const SETTLE: Duration = Duration::from_secs(15);
 /// Largest accepted growth of the agent's resident memory across the measured round, after
-/// the warm-up round: about 1 KiB per container. Measured: +176 to +244 KiB for 1,000
+/// the warm-up round: about 1 KiB per container. Measured: +164 to +244 KiB for 1,000
 /// containers, +156 KiB for 4,000 (the runtime's and allocator's warm-up, not a
 /// per-container cost; see docs/design/collection.md).
 const RSS_GROWTH_LIMIT: u64 = 1 << 20;

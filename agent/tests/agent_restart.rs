@@ -35,7 +35,7 @@ fn main() {
     if common::workload::dispatch() {
         return;
     }
-    common::main_of("restart", common::ebpf_preflight, run);
+    common::main_of("agent_restart", common::ebpf_preflight, run);
 }
 
 fn now_ns() -> u64 {

@@ -59,9 +59,17 @@ pub fn authenticate(
             return Err(AuthnError::ProxyNotAllowed { cn });
         }
     }
-    let Some(name) = first_value(headers, &cfg.username_headers) else {
-        return Ok(Outcome::NoUser);
-    };
+    Ok(match user(cfg, headers) {
+        Some(user) => Outcome::User(user),
+        None => Outcome::NoUser,
+    })
+}
+
+/// The user the headers name, once the client is known to be the front proxy: the first
+/// non-empty username header, the first non-empty uid header, every non-empty group, and the
+/// extras (`<prefix><key>`, keys lower-cased and percent-decoded); `None` without a user name.
+pub fn user(cfg: &Config, headers: &HeaderMap) -> Option<UserInfo> {
+    let name = first_value(headers, &cfg.username_headers)?;
     let uid = first_value(headers, &cfg.uid_headers);
     let groups = all_values(headers, &cfg.group_headers);
     let mut extra = std::collections::BTreeMap::<String, Vec<String>>::new();
@@ -79,12 +87,12 @@ pub fn authenticate(
             }
         }
     }
-    Ok(Outcome::User(UserInfo {
+    Some(UserInfo {
         name,
         uid,
         groups,
         extra,
-    }))
+    })
 }
 
 /// Removes every header the front proxy uses to name users, so that no handler can

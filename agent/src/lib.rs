@@ -21,6 +21,8 @@ pub mod collect;
 pub mod config;
 pub mod dump;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod kernel_layout;
 pub mod layout;
 pub mod probe;

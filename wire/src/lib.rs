@@ -45,6 +45,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod stream;
 
 /// Cumulative CPU time in nanoseconds (a counter that only grows within one instance).

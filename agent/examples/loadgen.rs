@@ -1,21 +1,45 @@
 //! Simulated agents: N nodes of P pods of C containers each, streaming to the aggregator
 //! through the agent's own shipping code ([`kpulse_agent::ship`]), one HTTP/2 stream per
 //! node and replica, with a client certificate per node (CN = node name) signed by a CA this
-//! tool creates. Used by `cargo xtask bench-ingest` and the end-to-end tests.
+//! tool creates. Used by `cargo xtask bench-ingest`, `cargo xtask soak`, `cargo xtask
+//! bench-restart` and the end-to-end tests.
 //!
 //! ```text
 //! loadgen --ca-dir DIR --init-only            # writes DIR/ca.crt (give it to the server's
-//!                                             # --agent-client-ca-file) and DIR/ca.key
+//!                                             # --agent-client-ca-file and --client-ca-file),
+//!                                             # DIR/ca.key, and DIR/client.{crt,key}: a user
+//!                                             # certificate for reading the API and /metrics
 //! loadgen --ca-dir DIR --server 127.0.0.1:8444 --nodes 5000 --pods 110 --containers 2
+//! loadgen --ca-dir DIR --read-api 127.0.0.1:10250 --reads-per-sec 50 --nodes 5000 ...
+//! loadgen --ca-dir DIR --read-api 127.0.0.1:10250 --wait-complete --nodes 5000 ...
 //! ```
 //!
 //! Each container's counter advances at its own constant rate (10m to 500m), so every
-//! served value is known exactly; each node ticks once per `--resolution` at a random phase.
+//! served value is known exactly ([`sim`]); each node ticks once per `--resolution` at a
+//! random phase.
+//!
+//! **Counted end to end.** At the end (`--duration-secs`, SIGTERM or SIGINT) the agents stop
+//! ticking, wait until every tick is written to a stream or dropped from a queue (at most
+//! [`DRAIN_LIMIT`]), end their streams cleanly (the server has then stored everything it
+//! received), and print one JSON line on stdout: ticks produced, written to a stream
+//! (`sent`), dropped from a queue, never sent (published while no stream was up and
+//! replaced by a newer tick before one was), reconnects and stream errors by reason. A
+//! server's stored batches (`kpulse_aggregator_ingest_to_visible_seconds_count`) compared
+//! with `produced` gives the batches lost.
+//!
+//! **Reader** (`--read-api`): instead of agents, reads the metrics API and checks every
+//! answer ([`read`]); at the end prints a JSON summary on stdout. With `--wait-complete` it
+//! polls until every node and pod is served and fresh, prints when, and exits (1 if not
+//! within `--timeout-secs`).
 
 use std::{
+    collections::BTreeMap,
     path::{Path, PathBuf},
-    sync::Arc,
-    time::{Duration, SystemTime},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{Context, Result};
@@ -30,17 +54,38 @@ use kpulse_wire::{
 };
 use rcgen::{CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use serde_json::json;
+use tokio::sync::watch;
+
+#[path = "loadgen/read.rs"]
+mod read;
+#[path = "loadgen/sim.rs"]
+mod sim;
+
+use sim::Sim;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Longest wait, once ticking stopped, for the queued ticks to be written.
+const DRAIN_LIMIT: Duration = Duration::from_secs(10);
+/// Once ticking stopped, a node whose counts did not move for this long is drained.
+const DRAIN_QUIET: Duration = Duration::from_millis(500);
+/// Longest wait for a node's streams to end cleanly.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// The CN of `client.crt` (a user of the API, for readers and /metrics scrapes).
+const READER_USER: &str = "kpulse-loadgen-reader";
+
 #[derive(Parser, Debug)]
-#[command(name = "loadgen", about = "simulated kpulse agents")]
+#[command(
+    name = "loadgen",
+    about = "simulated kpulse agents, or a checking reader"
+)]
 struct Args {
     /// Where the agents' CA lives (created when missing).
     #[arg(long)]
     ca_dir: PathBuf,
-    /// Only create the CA, then exit.
+    /// Only create the CA and the reader's certificate, then exit.
     #[arg(long)]
     init_only: bool,
     /// Replica `host:port` (repeat for several).
@@ -61,13 +106,28 @@ struct Args {
     /// Tick interval in milliseconds.
     #[arg(long, default_value_t = 1000)]
     resolution_ms: u64,
-    /// Stop after this many seconds (0: until killed).
+    /// Stop after this many seconds (0: until SIGTERM or SIGINT).
     #[arg(long, default_value_t = 0)]
     duration_secs: u64,
     /// Seconds over which the nodes connect (so a benchmark measures steady state, not
     /// 5,000 simultaneous handshakes).
     #[arg(long, default_value_t = 10)]
     ramp_secs: u64,
+    /// Be a reader of the metrics API at this `host:port` instead of agents.
+    #[arg(long)]
+    read_api: Option<String>,
+    /// Reader: reads per second.
+    #[arg(long, default_value_t = 50.0)]
+    reads_per_sec: f64,
+    /// Reader: the oldest served timestamp that counts as fresh, in seconds.
+    #[arg(long, default_value_t = 5)]
+    max_age_secs: u64,
+    /// Reader: poll until every node and pod is served, print when, and exit.
+    #[arg(long, requires = "read_api")]
+    wait_complete: bool,
+    /// Reader with --wait-complete: give up after this many seconds (exit 1).
+    #[arg(long, default_value_t = 60)]
+    timeout_secs: u64,
 }
 
 fn main() -> Result<()> {
@@ -81,14 +141,46 @@ fn main() -> Result<()> {
         .init();
     let ca = Ca::load_or_create(&args.ca_dir)?;
     if args.init_only {
-        return Ok(());
+        return ca.write_user(&args.ca_dir, READER_USER);
     }
-    anyhow::ensure!(!args.server.is_empty(), "give at least one --server");
-    tokio::runtime::Builder::new_multi_thread()
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("runtime")?
-        .block_on(run(args, ca))
+        .context("runtime")?;
+    let complete = rt.block_on(async {
+        let stop = stop_on_signal_or(args.duration_secs)?;
+        if args.read_api.is_some() {
+            reader(&args, &ca, stop).await
+        } else {
+            anyhow::ensure!(!args.server.is_empty(), "give at least one --server");
+            agents(&args, &ca, stop).await.map(|()| true)
+        }
+    })?;
+    anyhow::ensure!(complete, "not complete within --timeout-secs");
+    Ok(())
+}
+
+/// A flag turning true on SIGTERM, SIGINT, or after `duration_secs` (0: never).
+fn stop_on_signal_or(duration_secs: u64) -> Result<watch::Receiver<bool>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let limit = async {
+            if duration_secs == 0 {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(Duration::from_secs(duration_secs)).await;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            () = limit => {}
+        }
+        let _ = tx.send(true);
+    });
+    Ok(rx)
 }
 
 struct Ca {
@@ -125,20 +217,39 @@ impl Ca {
         Ok(Ca { key })
     }
 
-    /// A client certificate for `node` (CN = node name) and its key.
-    fn issue(&self, node: &str) -> Result<(CertificateDer<'static>, PrivateKeyDer<'static>)> {
+    /// A client certificate with CN `name` and its key.
+    fn certificate(&self, name: &str) -> Result<(rcgen::Certificate, KeyPair)> {
         let issuer = Issuer::new(ca_params()?, &self.key);
-        let key = KeyPair::generate().context("node key")?;
+        let key = KeyPair::generate().context("client key")?;
         let mut params = CertificateParams::new(Vec::<String>::new()).context("params")?;
-        params.distinguished_name.push(DnType::CommonName, node);
+        params.distinguished_name.push(DnType::CommonName, name);
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
         let cert = params
             .signed_by(&key, &issuer)
-            .context("node certificate")?;
+            .context("client certificate")?;
+        Ok((cert, key))
+    }
+
+    /// A client certificate for `name` (a node: CN = node name; or a user), in memory.
+    fn issue(&self, name: &str) -> Result<(CertificateDer<'static>, PrivateKeyDer<'static>)> {
+        let (cert, key) = self.certificate(name)?;
         Ok((
             cert.der().clone(),
             PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
         ))
+    }
+
+    /// Writes `dir/client.crt` and `dir/client.key` for the user `name` (curl, readers).
+    fn write_user(&self, dir: &Path, name: &str) -> Result<()> {
+        let (cert, key) = self.certificate(name)?;
+        for (file, pem) in [
+            ("client.crt", cert.pem()),
+            ("client.key", key.serialize_pem()),
+        ] {
+            let path = dir.join(file);
+            std::fs::write(&path, pem).with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
     }
 }
 
@@ -158,19 +269,15 @@ struct Node {
 
 impl Node {
     fn new(name: String, pods: usize, containers: usize) -> Node {
-        let uids: Vec<String> = (0..pods).map(|p| format!("{name}-pod-{p}")).collect();
+        let uids: Vec<String> = (0..pods).map(|p| Sim::pod_name(&name, p)).collect();
         let set = PodSet::new(uids.iter().enumerate().map(|(p, uid)| PodMeta {
             uid: uid.clone(),
-            namespace: format!("ns-{}", p % 10),
-            name: format!("{name}-pod-{p}"),
-            labels: [("app".to_owned(), format!("app-{}", p % 7))].into(),
+            namespace: Sim::namespace(p),
+            name: uid.clone(),
+            labels: [("app".to_owned(), Sim::app(p))].into(),
         }));
         let rates = (0..pods)
-            .map(|p| {
-                (0..containers)
-                    .map(|c| 10_000_000 * (1 + ((p * 7 + c * 13) % 50) as u64))
-                    .collect()
-            })
+            .map(|p| (0..containers).map(|c| Sim::rate(p, c)).collect())
             .collect();
         Node {
             name,
@@ -194,7 +301,7 @@ impl Node {
                     .iter()
                     .enumerate()
                     .map(|(c, rate)| ContainerSample {
-                        name: format!("c{c}"),
+                        name: Sim::container(c),
                         timestamp: t,
                         cgroup_id: None,
                         started_at: Some(self.started),
@@ -202,7 +309,7 @@ impl Node {
                             u64::try_from(u128::from(elapsed) * u128::from(*rate) / 1_000_000_000)
                                 .unwrap_or(u64::MAX),
                         ),
-                        memory_working_set: Bytes(64 << 20),
+                        memory_working_set: Bytes(sim::CONTAINER_MEMORY),
                     })
                     .collect(),
             })
@@ -211,8 +318,14 @@ impl Node {
             node: NodeSample {
                 timestamp: t,
                 started_at: Some(self.started),
-                cpu: CpuNanos(elapsed),
-                memory_working_set: Bytes(8 << 30),
+                // One core: the node's counter is the time since it started.
+                cpu: CpuNanos(
+                    u64::try_from(
+                        u128::from(elapsed) * u128::from(sim::NODE_NANOCORES) / 1_000_000_000,
+                    )
+                    .unwrap_or(u64::MAX),
+                ),
+                memory_working_set: Bytes(sim::NODE_MEMORY),
             },
             pods: self.pods.clone(),
             counters,
@@ -220,10 +333,32 @@ impl Node {
     }
 }
 
-async fn run(args: Args, ca: Ca) -> Result<()> {
-    let metrics = Arc::new(ShipMetrics::default());
+/// What one node did, at the end.
+#[derive(Default)]
+struct NodeCounts {
+    produced: u64,
+    sent: u64,
+    dropped: u64,
+    reconnects: u64,
+    errors: BTreeMap<&'static str, u64>,
+    /// The queue had not drained within [`DRAIN_LIMIT`].
+    drain_timeout: bool,
+}
+
+/// Ticks written or dropped so far, over the replicas.
+fn written(metrics: &ShipMetrics, replicas: &[String]) -> u64 {
+    replicas
+        .iter()
+        .map(|r| metrics.sent(r) + metrics.dropped(r))
+        .sum()
+}
+
+async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()> {
     let resolution = Duration::from_millis(args.resolution_ms.max(100));
     let ramp = Duration::from_secs(args.ramp_secs);
+    let replicas = args.server.clone();
+    let produced_total = Arc::new(AtomicU64::new(0));
+    let mut all_metrics = Vec::with_capacity(args.nodes);
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..args.nodes {
         let name = format!("{}{i}", args.node_prefix);
@@ -233,48 +368,154 @@ async fn run(args: Args, ca: Ca) -> Result<()> {
         let tls =
             ship::tls::client_config_from(ship::tls::Trust::AnyServer, Some((vec![cert], key)))
                 .context("client certificate")?;
-        let mut config = ShipConfig::new(Replicas::Static(args.server.clone()), tls);
+        let mut config = ShipConfig::new(Replicas::Static(replicas.clone()), tls);
         config.credentials = Credentials::None;
         config.server_name = Some("localhost".to_owned());
+        // One set of counters per node: the end-to-end count is per node.
+        let metrics = Arc::new(ShipMetrics::default());
         config.metrics = metrics.clone();
+        all_metrics.push(metrics.clone());
         let node = Node::new(name.clone(), args.pods, args.containers);
         let start_after = ramp.mul_f64(i as f64 / args.nodes.max(1) as f64);
+        let (mut stop, replicas, total) = (stop.clone(), replicas.clone(), produced_total.clone());
         tasks.spawn(async move {
-            tokio::time::sleep(start_after).await;
+            let mut counts = NodeCounts::default();
+            tokio::select! {
+                () = tokio::time::sleep(start_after) => {}
+                _ = stop.wait_for(|s| *s) => return counts,
+            }
             let shipper = Shipper::spawn(config, ship::hello(&node.name, "kpulse loadgen"));
             let phase = resolution.mul_f64(fastrand::f64());
-            tokio::time::sleep(phase).await;
-            let mut ticks = tokio::time::interval(resolution);
+            let mut ticks =
+                tokio::time::interval_at(tokio::time::Instant::now() + phase, resolution);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                ticks.tick().await;
-                shipper.publish(node.tick());
+                tokio::select! {
+                    biased;
+                    _ = stop.wait_for(|s| *s) => break,
+                    _ = ticks.tick() => {
+                        shipper.publish(node.tick());
+                        counts.produced += 1;
+                        total.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
+            // Drain: every tick written or dropped, or nothing moving any more.
+            let target = counts.produced * replicas.len() as u64;
+            let deadline = Instant::now() + DRAIN_LIMIT;
+            let (mut last, mut since) = (written(&metrics, &replicas), Instant::now());
+            while last < target && Instant::now() < deadline && since.elapsed() < DRAIN_QUIET {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let now = written(&metrics, &replicas);
+                if now != last {
+                    (last, since) = (now, Instant::now());
+                }
+            }
+            counts.drain_timeout = last < target && Instant::now() >= deadline;
+            shipper.shutdown(SHUTDOWN_GRACE).await;
+            for r in &replicas {
+                counts.sent += metrics.sent(r);
+                counts.dropped += metrics.dropped(r);
+                counts.reconnects += metrics.reconnects(r);
+                for (reason, n) in metrics.stream_errors(r) {
+                    *counts.errors.entry(reason).or_default() += n;
+                }
+            }
+            counts
         });
     }
     eprintln!(
         "loadgen: {} nodes × {} pods × {} containers → {:?}",
         args.nodes, args.pods, args.containers, args.server
     );
-    let report = {
-        let metrics = metrics.clone();
-        async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                eprintln!("loadgen: streams up {}", metrics.streams_up());
-            }
+    let report = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let up: i64 = all_metrics.iter().map(|m| m.streams_up()).sum();
+            eprintln!(
+                "loadgen: streams up {up}, ticks produced {}",
+                produced_total.load(Ordering::Relaxed)
+            );
         }
     };
+    let mut stopped = stop.clone();
     tokio::select! {
-        _ = report => {}
-        _ = async {
-            if args.duration_secs == 0 {
-                std::future::pending::<()>().await;
-            }
-            tokio::time::sleep(Duration::from_secs(args.duration_secs)).await;
-        } => {}
-        _ = tokio::signal::ctrl_c() => {}
+        () = report => {}
+        _ = stopped.wait_for(|s| *s) => {}
     }
-    tasks.abort_all();
+    eprintln!("loadgen: stopping: draining the queues and ending the streams");
+    let mut total = NodeCounts::default();
+    let (mut nodes_unsent, mut drain_timeouts, mut first_unsent) = (0u64, 0u64, Vec::new());
+    let expected_per_tick = replicas.len() as u64;
+    while let Some(done) = tasks.join_next().await {
+        let c = done.context("a node task failed")?;
+        let unsent = (c.produced * expected_per_tick).saturating_sub(c.sent + c.dropped);
+        if unsent > 0 {
+            nodes_unsent += 1;
+            if first_unsent.len() < 10 {
+                first_unsent
+                    .push(json!({"produced": c.produced, "sent": c.sent, "dropped": c.dropped}));
+            }
+        }
+        drain_timeouts += u64::from(c.drain_timeout);
+        total.produced += c.produced;
+        total.sent += c.sent;
+        total.dropped += c.dropped;
+        total.reconnects += c.reconnects;
+        for (reason, n) in c.errors {
+            *total.errors.entry(reason).or_default() += n;
+        }
+    }
+    let summary = json!({
+        "nodes": args.nodes,
+        "replicas": replicas.len(),
+        "produced": total.produced,
+        "sent": total.sent,
+        "dropped": total.dropped,
+        "unsent": (total.produced * expected_per_tick).saturating_sub(total.sent + total.dropped),
+        "nodes_with_unsent": nodes_unsent,
+        "first_unsent": first_unsent,
+        "drain_timeouts": drain_timeouts,
+        "reconnects": total.reconnects,
+        "stream_errors": total.errors,
+    });
+    println!("{summary}");
     Ok(())
+}
+
+/// The reader mode; `Ok(false)` when `--wait-complete` gave up.
+async fn reader(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<bool> {
+    let api = args.read_api.clone().context("--read-api")?;
+    let (cert, key) = ca.issue(READER_USER)?;
+    let tls = ship::tls::client_config_from(ship::tls::Trust::AnyServer, Some((vec![cert], key)))
+        .context("reader certificate")?;
+    let client = Arc::new(read::Client::new(api.clone(), tls));
+    let sim = Sim {
+        prefix: args.node_prefix.clone(),
+        nodes: args.nodes,
+        pods: args.pods,
+        containers: args.containers,
+    };
+    let opts = read::Options {
+        api,
+        reads_per_sec: args.reads_per_sec,
+        max_age: Duration::from_secs(args.max_age_secs),
+    };
+    if args.wait_complete {
+        let limit = Duration::from_secs(args.timeout_secs);
+        let mut stop = stop;
+        let outcome = tokio::select! {
+            v = read::wait_complete(&opts, &sim, &client, limit) => v,
+            _ = stop.wait_for(|s| *s) => json!({"complete": false, "last": "stopped"}),
+        };
+        println!("{outcome}");
+        return Ok(outcome["complete"] == true);
+    }
+    eprintln!(
+        "reader: {} reads/s against {} ({} nodes × {} pods)",
+        opts.reads_per_sec, opts.api, sim.nodes, sim.pods
+    );
+    let summary = read::run(opts, sim, client, stop).await?;
+    println!("{summary}");
+    Ok(true)
 }

@@ -17,6 +17,7 @@
 //! | `kpulse_agent_path_cache_entries` | gauge, per tick | none |
 //! | `kpulse_agent_start_time_cache_entries` | gauge, per tick | none |
 //! | `kpulse_agent_pods` | gauge, per tick | none |
+//! | `kpulse_agent_sent_ticks_total` | counter | `replica` |
 //! | `kpulse_agent_dropped_ticks_total` | counter | `replica` |
 //! | `kpulse_agent_reconnects_total` | counter | `replica` |
 //! | `kpulse_agent_stream_errors_total` | counter | `replica`, `reason` |

@@ -280,6 +280,7 @@ struct ErrorLabels {
 /// away are removed, so labels stay bounded by the replicas present.
 #[derive(Debug, Default)]
 pub struct ShipMetrics {
+    sent: Family<ReplicaLabel, Counter>,
     dropped: Family<ReplicaLabel, Counter>,
     reconnects: Family<ReplicaLabel, Counter>,
     errors: Family<ErrorLabels, Counter>,
@@ -288,9 +289,14 @@ pub struct ShipMetrics {
 
 impl ShipMetrics {
     /// Registers the metrics (`kpulse_agent_` is the caller's prefix, if any):
-    /// `dropped_ticks_total{replica}`, `reconnects_total{replica}`,
-    /// `stream_errors_total{replica,reason}`, `streams_up`.
+    /// `sent_ticks_total{replica}`, `dropped_ticks_total{replica}`,
+    /// `reconnects_total{replica}`, `stream_errors_total{replica,reason}`, `streams_up`.
     pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "sent_ticks",
+            "Ticks written to a replica's stream (as a Snapshot or an Update)",
+            self.sent.clone(),
+        );
         registry.register(
             "dropped_ticks",
             "Ticks dropped from a replica's queue (the oldest first) because the stream fell behind",
@@ -313,13 +319,50 @@ impl ShipMetrics {
         );
     }
 
-    /// Total ticks dropped for `replica`.
+    /// Total ticks written to `replica`'s streams: each stream's Snapshot (the latest tick
+    /// when it started) and every Update. A tick published while no stream was up, and
+    /// replaced by a newer one before a stream started, is neither sent nor dropped.
+    pub fn sent(&self, replica: &str) -> u64 {
+        Self::read(&self.sent, replica)
+    }
+
+    /// Total ticks dropped for `replica` (its series is created at 0 if missing).
     pub fn dropped(&self, replica: &str) -> u64 {
         self.dropped
             .get_or_create(&ReplicaLabel {
                 replica: replica.into(),
             })
             .get()
+    }
+
+    /// Streams to `replica` started again after a failure or an end.
+    pub fn reconnects(&self, replica: &str) -> u64 {
+        Self::read(&self.reconnects, replica)
+    }
+
+    /// Streams to `replica` that failed or were refused, by reason (only reasons seen).
+    pub fn stream_errors(&self, replica: &str) -> BTreeMap<&'static str, u64> {
+        StreamError::REASONS
+            .iter()
+            .filter_map(|reason| {
+                let n = self
+                    .errors
+                    .get(&ErrorLabels {
+                        replica: replica.into(),
+                        reason,
+                    })
+                    .map(|c| c.get())?;
+                (n > 0).then_some((*reason, n))
+            })
+            .collect()
+    }
+
+    fn read(family: &Family<ReplicaLabel, Counter>, replica: &str) -> u64 {
+        family
+            .get(&ReplicaLabel {
+                replica: replica.into(),
+            })
+            .map_or(0, |c| c.get())
     }
 
     /// Streams open now, across replicas (and shippers sharing these metrics).
@@ -331,6 +374,7 @@ impl ShipMetrics {
         let l = ReplicaLabel {
             replica: replica.into(),
         };
+        self.sent.remove(&l);
         self.dropped.remove(&l);
         self.reconnects.remove(&l);
         for reason in StreamError::REASONS {

@@ -53,7 +53,7 @@ pub struct Options {
     node_name: String,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad = || format!("{s:?}: expected a duration such as 60s, 500ms or 2m");
     let (n, unit) = s
         .find(|c: char| !c.is_ascii_digit())
@@ -259,7 +259,7 @@ fn check_prereqs() -> Result<()> {
 
 /// SIGINT or SIGTERM, as a message, from a thread running a small tokio runtime (the
 /// handlers replace the default action; children get the default back at exec).
-fn stop_signal() -> Result<mpsc::Receiver<&'static str>> {
+pub(crate) fn stop_signal() -> Result<mpsc::Receiver<&'static str>> {
     use tokio::signal::unix::{signal, SignalKind};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()

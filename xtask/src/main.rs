@@ -3,11 +3,14 @@
 //! `deploy/`. Not shipped; not a library.
 
 mod bench_ingest;
+mod bench_restart;
 mod build_ebpf;
 mod certs;
 mod demo;
 mod exec;
 mod fuzz;
+mod harness;
+mod soak;
 mod test;
 mod vm;
 
@@ -25,6 +28,8 @@ struct Cli {
 enum Command {
     /// One aggregator-api replica ingesting simulated agents: CPU, RSS, latency, bytes.
     BenchIngest(bench_ingest::Options),
+    /// Server restarts under load: time until every node and pod is served again.
+    BenchRestart(bench_restart::Options),
     /// Check/install the eBPF toolchain, then build the programs in ebpf/.
     BuildEbpf(build_ebpf::Options),
     /// Make the CA, serving certificate and caBundle patch that deploy/ includes.
@@ -33,6 +38,8 @@ enum Command {
     Demo(demo::Options),
     /// Run the cargo-fuzz targets of fuzz/ (nightly) and report; fails on a crash.
     Fuzz(fuzz::Options),
+    /// Long run under agents and readers: end-to-end count, errors, RSS drift; pass/fail.
+    Soak(soak::Options),
     /// Run every test: lints, host tests, accuracy on this kernel and in qemu VMs.
     Test(test::Options),
     /// Boot Debian kernels (pure cgroup v2) in qemu and run a test binary inside.
@@ -43,10 +50,12 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::BenchIngest(opts) => bench_ingest::run(&opts),
+        Command::BenchRestart(opts) => bench_restart::run(&opts),
         Command::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
         Command::Certs(opts) => certs::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
         Command::Fuzz(opts) => fuzz::run(&opts),
+        Command::Soak(opts) => soak::run(&opts),
         Command::Test(opts) => test::run(&opts),
         Command::Vm(opts) => vm::run(&opts),
     }

@@ -450,6 +450,7 @@ impl Stream<'_> {
         }
         self.sent_pods = first.tick.pods.clone();
         self.last_seq = first.seq;
+        self.count_sent();
 
         let mut request = Request::post(format!("https://{}{STREAM_PATH}", self.target.authority))
             .header(VERSION_HEADER, VERSION.to_string())
@@ -578,7 +579,20 @@ impl Stream<'_> {
         }
         self.sent_pods = p.tick.pods.clone();
         self.last_seq = p.seq;
+        self.count_sent();
         Ok(())
+    }
+
+    /// One more tick handed to this stream's body.
+    fn count_sent(&self) {
+        self.shared
+            .config
+            .metrics
+            .sent
+            .get_or_create(&ReplicaLabel {
+                replica: self.target.label.clone(),
+            })
+            .inc();
     }
 }
 
@@ -905,5 +919,7 @@ mod drop_tests {
         assert_eq!(up, ["a", "c"], "c's addition survived the dropped tick");
         assert_eq!(u.removed, ["b"]);
         assert_eq!(u.node.cpu, CpuNanos(4));
+        // Ticks 2 and 4 were written; the repeated 2 and the dropped 3 were not.
+        assert_eq!(shared.config.metrics.sent("r1"), 2);
     }
 }

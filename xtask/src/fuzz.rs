@@ -88,6 +88,14 @@ pub fn run(opts: &Options) -> Result<()> {
     } else {
         opts.targets.clone()
     };
+    for target in &targets {
+        for kind in ["corpus", "regressions"] {
+            let dir = fuzz.join(kind).join(target);
+            if !dir.is_dir() {
+                bail!("{} is missing", dir.display());
+            }
+        }
+    }
     check_nightly()?;
     install_cargo_fuzz()?;
     exec::run(nightly_fuzz(&fuzz).args(["build", "--sanitizer", &opts.sanitizer]))?;
@@ -202,11 +210,6 @@ fn start(fuzz: &Path, target: &str, opts: &Options) -> Result<Running> {
     fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let corpus = fuzz.join("corpus").join(target);
     let regressions = fuzz.join("regressions").join(target);
-    for dir in [&corpus, &regressions] {
-        if !dir.is_dir() {
-            bail!("{} is missing", dir.display());
-        }
-    }
     let log = fuzz.join("work").join(format!("{target}.log"));
     let dict = fuzz.join("dicts").join(format!("{target}.dict"));
     let log_file = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;

@@ -145,26 +145,6 @@ pub fn meminfo_inactive_file() -> Result<Bytes, FsError> {
     meminfo_bytes(&read(Path::new(MEMINFO))?, "Inactive(file)")
 }
 
-/// The node's boot time from `/proc/stat` (`btime`, whole seconds since the epoch): when
-/// the node's cumulative CPU counter was zero.
-pub fn boot_time() -> Result<crate::sample::UnixNanos, FsError> {
-    let path = Path::new("/proc/stat");
-    parse_btime(&read(path)?).ok_or_else(|| FsError::Parse {
-        path: path.to_path_buf(),
-        reason: "no `btime` line".into(),
-    })
-}
-
-fn parse_btime(text: &str) -> Option<crate::sample::UnixNanos> {
-    let secs: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("btime "))?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(crate::sample::UnixNanos(secs.checked_mul(1_000_000_000)?))
-}
-
 /// One directory of a cgroup tree.
 #[derive(Clone, Debug)]
 pub struct Dir {
@@ -247,17 +227,6 @@ pub fn join_rel(mount: &Path, rel: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn btime() {
-        let text = "cpu  1 2 3\nintr 5\nbtime 1700000000\nprocesses 9\n";
-        assert_eq!(
-            parse_btime(text),
-            Some(crate::sample::UnixNanos(1_700_000_000_000_000_000))
-        );
-        assert_eq!(parse_btime("cpu 1\n"), None);
-        assert!(boot_time().is_ok_and(|t| t.0 > 0));
-    }
 
     #[test]
     fn flat_keys() {

@@ -62,10 +62,50 @@ impl Scope {
 
 /// A source of snapshots.
 pub trait Collector: Send {
-    /// Which collector this is.
+    /// Which collector this is (for [`AutoCollector`], the one in use now).
     fn source(&self) -> Source;
     /// Reads every cgroup under the scope's root, and the node totals.
     fn collect(&mut self) -> Result<Snapshot, CollectError>;
+    /// What the collector did and holds, for the agent's self-metrics: counters since it
+    /// was made, sizes as of the last tick.
+    fn stats(&self) -> CollectorStats {
+        CollectorStats::default()
+    }
+}
+
+/// A collector's counters (cumulative) and sizes (last tick).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CollectorStats {
+    /// Iterator links made again because another process had replaced their program.
+    pub relinks_program_replaced: u64,
+    /// Iterator links made again because their cgroup had been removed.
+    pub relinks_cgroup_removed: u64,
+    /// Walks done again because another walk of our link overwrote their records.
+    pub foreign_walks: u64,
+    /// Switches from eBPF to cgroupfs while running (`auto` only; at most one).
+    pub fallbacks: u64,
+    /// Records the last tick's walks returned (eBPF; every hierarchy walked).
+    pub walk_records: u64,
+    /// Entries of the cgroup id → path caches (eBPF).
+    pub path_cache_entries: u64,
+}
+
+impl CollectorStats {
+    /// Ticks that met another process's interference show as a change of these.
+    fn interference(&self) -> u64 {
+        self.relinks_program_replaced + self.foreign_walks
+    }
+
+    fn add(self, o: CollectorStats) -> CollectorStats {
+        CollectorStats {
+            relinks_program_replaced: self.relinks_program_replaced + o.relinks_program_replaced,
+            relinks_cgroup_removed: self.relinks_cgroup_removed + o.relinks_cgroup_removed,
+            foreign_walks: self.foreign_walks + o.foreign_walks,
+            fallbacks: self.fallbacks + o.fallbacks,
+            walk_records: o.walk_records,
+            path_cache_entries: o.path_cache_entries,
+        }
+    }
 }
 
 /// `--collector`.
@@ -91,7 +131,7 @@ pub fn select(
         Mode::Cgroupfs => Ok((Box::new(CgroupfsCollector::new(scope)), None)),
         Mode::Ebpf => Ok((Box::new(EbpfCollector::new(scope, object)?), None)),
         Mode::Auto => match EbpfCollector::new(scope.clone(), object) {
-            Ok(c) => Ok((Box::new(c), None)),
+            Ok(c) => Ok((Box::new(AutoCollector::new(c, scope)), None)),
             Err(CollectError::Probe(reason)) => {
                 Ok((Box::new(CgroupfsCollector::new(scope)), Some(reason)))
             }
@@ -232,6 +272,20 @@ pub struct EbpfCollector {
     mem_paths: PathCache,
     /// Directories whose `cpu.stat` read flushes the subtree's CPU statistics.
     flush_dirs: Vec<std::path::PathBuf>,
+    links: LinkEvents,
+    /// Cgroup id and CPU time of the last successful tick (for [`AutoCollector`]'s switch).
+    last_cpu: Vec<(u64, u64)>,
+}
+
+/// What happened to the links, and whether the previous tick met interference (warnings
+/// are logged when interference starts, not on every tick while it lasts).
+#[derive(Debug, Default)]
+struct LinkEvents {
+    stats: CollectorStats,
+    /// Consecutive ticks with interference, up to the last one.
+    streak: u64,
+    /// The current tick met interference.
+    now: bool,
 }
 
 impl EbpfCollector {
@@ -273,10 +327,31 @@ impl EbpfCollector {
             cpu_paths: PathCache::default(),
             mem_paths: PathCache::default(),
             flush_dirs: Vec::new(),
+            links: LinkEvents::default(),
+            last_cpu: Vec::new(),
         };
         c.refresh_flush_dirs()?;
         c.self_check()?;
+        tracing::info!(
+            program_id = c.iter.program_id().unwrap_or(0),
+            link_ids = ?c.link_ids(),
+            map_ids = ?c.iter.map_ids(),
+            "eBPF cgroup iterator loaded and linked"
+        );
         Ok(c)
+    }
+
+    /// Kernel ids of the iterator links (CPU hierarchy first).
+    pub fn link_ids(&self) -> Vec<u32> {
+        std::iter::once(&self.cpu_link)
+            .chain(self.mem_link.as_ref())
+            .map(IterLink::id)
+            .collect()
+    }
+
+    /// Kernel ids of the program's maps.
+    pub fn map_ids(&self) -> Vec<u32> {
+        self.iter.map_ids()
     }
 
     /// Compares the program's memory statistics with `memory.stat` for a few cgroups
@@ -412,27 +487,110 @@ impl EbpfCollector {
     }
 }
 
-/// Walks `link`; a walk that visits nothing means the link's cgroup was removed (a link
-/// keeps the dead cgroup, not the path): link the path again once, else fail.
+/// Walks redone in one tick when another walk of our link overwrote the records.
+const FOREIGN_WALK_RETRIES: usize = 2;
+
+/// Walks `link`, repairing what can be repaired within the tick:
+/// - a walk that visits nothing means the link's cgroup was removed (a link keeps the dead
+///   cgroup, not the path): link the path again;
+/// - a link whose program another process replaced (`BPF_LINK_UPDATE`; detected before
+///   the walk's output is read): log, link our program again;
+/// - records overwritten by another walk of our link: walk again (up to
+///   [`FOREIGN_WALK_RETRIES`] times).
+///
+/// Each repair is tried a bounded number of times; then the tick fails (no number is reported
+/// from a walk that is not entirely ours).
 fn walk_live(
     iter: &mut CgroupIter,
     link: &mut IterLink,
     out: &mut Vec<CgroupRecord>,
+    events: &mut LinkEvents,
 ) -> Result<crate::probe::WalkStats, CollectError> {
-    let stats = iter.walk(link, out)?;
-    if stats.visited > 0 {
-        return Ok(stats);
+    let mut first = iter.walk(link, out);
+    for _ in 0..FOREIGN_WALK_RETRIES {
+        let Err(ProbeError::ForeignRecord { index, visited, .. }) = first else {
+            break;
+        };
+        events.stats.foreign_walks += 1;
+        events.interfered(|| {
+            tracing::warn!(
+                link_id = link.id(),
+                dir = %link.dir().display(),
+                record = index,
+                visited,
+                "another walk of our eBPF iterator link overwrote this walk's records \
+                 (a process running our link?); walking again"
+            )
+        });
+        first = iter.walk(link, out);
     }
+    let replaced = match first {
+        Ok(stats) if stats.visited > 0 => return Ok(stats),
+        Ok(_) => None,
+        Err(ProbeError::LinkReplaced {
+            link: id, found, ..
+        }) => Some((id, found)),
+        Err(e) => return Err(e.into()),
+    };
+    let old = link.id();
     *link = iter.link(link.dir())?;
+    match replaced {
+        Some((id, found)) => {
+            events.stats.relinks_program_replaced += 1;
+            events.interfered(|| {
+                tracing::warn!(
+                    link_id = id,
+                    found_program_id = found,
+                    our_program_id = iter.program_id().unwrap_or(0),
+                    new_link_id = link.id(),
+                    dir = %link.dir().display(),
+                    "another process replaced the program of our eBPF iterator link; \
+                     linked our program again"
+                )
+            });
+        }
+        None => {
+            events.stats.relinks_cgroup_removed += 1;
+            tracing::info!(
+                old_link_id = old,
+                new_link_id = link.id(),
+                dir = %link.dir().display(),
+                "the linked cgroup was removed; linked its path again"
+            );
+        }
+    }
     let stats = iter.walk(link, out)?;
     if stats.visited == 0 {
-        return Err(ProbeError::Output(format!(
-            "the cgroup {} is not live (removed while linked?)",
-            link.dir().display()
-        ))
+        return Err(ProbeError::CgroupGone {
+            dir: link.dir().to_path_buf(),
+        }
         .into());
     }
     Ok(stats)
+}
+
+impl LinkEvents {
+    /// Notes interference in this tick; `log` runs only for the first tick of a streak.
+    fn interfered(&mut self, log: impl FnOnce()) {
+        if !self.now && self.streak == 0 {
+            log();
+        }
+        self.now = true;
+    }
+
+    /// Ends a tick: extends or ends the streak.
+    fn end_tick(&mut self) {
+        if self.now {
+            self.streak += 1;
+        } else if self.streak > 0 {
+            tracing::info!(
+                ticks = self.streak,
+                "no more interference with the eBPF iterator links"
+            );
+            self.streak = 0;
+        }
+        self.now = false;
+    }
 }
 
 /// cgroup id → path, kept across ticks, so that a path is built once per cgroup rather
@@ -555,13 +713,45 @@ impl Collector for EbpfCollector {
         Source::Ebpf
     }
 
+    fn stats(&self) -> CollectorStats {
+        CollectorStats {
+            walk_records: (self.records.len() + self.mem_records.len()) as u64,
+            path_cache_entries: (self.cpu_paths.entries.len() + self.mem_paths.entries.len())
+                as u64,
+            ..self.links.stats
+        }
+    }
+
     fn collect(&mut self) -> Result<Snapshot, CollectError> {
+        let r = self.collect_once();
+        self.links.end_tick();
+        r
+    }
+}
+
+impl EbpfCollector {
+    fn collect_once(&mut self) -> Result<Snapshot, CollectError> {
         let timestamp = sample::now();
         self.flush()?;
         let root_rel = cgroupfs::normalise_rel(&self.scope.root);
         let max = self.scope.max_cgroups;
         let mut records = std::mem::take(&mut self.records);
-        let stats = walk_live(&mut self.iter, &mut self.cpu_link, &mut records)?;
+        let walked = walk_live(
+            &mut self.iter,
+            &mut self.cpu_link,
+            &mut records,
+            &mut self.links,
+        );
+        // Keep the buffer (and make the sizes reported honest) whatever happened.
+        let stats = match walked {
+            Ok(s) => s,
+            Err(e) => {
+                records.clear();
+                self.records = records;
+                self.mem_records.clear();
+                return Err(e);
+            }
+        };
         let mut dropped = stats.dropped;
         let cpu_mount = self.scope.layout.cpu_mount().to_path_buf();
         let mut out: Vec<CgroupSample> = Vec::with_capacity(records.len().min(max));
@@ -595,7 +785,15 @@ impl Collector for EbpfCollector {
         }
         let mut mrecs = std::mem::take(&mut self.mem_records);
         if let Some(link) = self.mem_link.as_mut() {
-            let stats = walk_live(&mut self.iter, link, &mut mrecs)?;
+            let stats = match walk_live(&mut self.iter, link, &mut mrecs, &mut self.links) {
+                Ok(s) => s,
+                Err(e) => {
+                    mrecs.clear();
+                    self.mem_records = mrecs;
+                    self.records = records;
+                    return Err(e);
+                }
+            };
             dropped += stats.dropped;
             let mem_mount = self.scope.layout.memory_mount().to_path_buf();
             let index: HashMap<Arc<str>, usize> = out
@@ -629,6 +827,9 @@ impl Collector for EbpfCollector {
         if let Some(root) = out.iter_mut().find(|c| &*c.path == "/") {
             root.cpu = Some(node.cpu);
         }
+        self.last_cpu.clear();
+        self.last_cpu
+            .extend(out.iter().filter_map(|c| c.cpu.map(|v| (c.id.0, v.0))));
         Ok(Snapshot {
             timestamp,
             source: Source::Ebpf,
@@ -636,6 +837,148 @@ impl Collector for EbpfCollector {
             node,
             dropped,
         })
+    }
+}
+
+/// Consecutive ticks of interference or eBPF failure after which [`AutoCollector`] falls
+/// back to cgroupfs.
+pub const FALLBACK_AFTER: u32 = 3;
+
+/// `--collector auto` once eBPF has loaded: the eBPF collector, until it meets interference
+/// it cannot shake off (another process replacing its program or overwriting its walks on
+/// [`FALLBACK_AFTER`] consecutive ticks, even though each tick repaired it) or fails with an
+/// eBPF error that many ticks in a row. Then it logs one warning, unloads the eBPF program
+/// and reads cgroupfs for the rest of the process's life (a restart tries eBPF again): no
+/// flapping between two collectors.
+///
+/// Both collectors read the same kernel counters, but `cpu.stat` has whole microseconds
+/// where the eBPF program reads nanoseconds; a cgroup's CPU counter could then read up to
+/// 999 ns lower after the switch, which the aggregator would take for a restart. So each
+/// cgroup's first cgroupfs values are raised to the last eBPF value (never above the
+/// kernel's counter, under it by less than a microsecond) until cgroupfs passes it.
+#[derive(Debug)]
+pub struct AutoCollector {
+    ebpf: Option<EbpfCollector>,
+    fs: CgroupfsCollector,
+    strikes: u32,
+    /// Counters of the eBPF collector, once it is gone.
+    retired: CollectorStats,
+    fallbacks: u64,
+    /// Cgroup id → last CPU time eBPF reported, while cgroupfs reads lower.
+    floors: HashMap<u64, u64>,
+}
+
+impl AutoCollector {
+    /// Wraps a loaded eBPF collector; `scope` is the same, for the cgroupfs one.
+    pub fn new(ebpf: EbpfCollector, scope: Scope) -> AutoCollector {
+        AutoCollector {
+            ebpf: Some(ebpf),
+            fs: CgroupfsCollector::new(scope),
+            strikes: 0,
+            retired: CollectorStats::default(),
+            fallbacks: 0,
+            floors: HashMap::new(),
+        }
+    }
+
+    /// The eBPF collector, while in use.
+    pub fn ebpf(&self) -> Option<&EbpfCollector> {
+        self.ebpf.as_ref()
+    }
+
+    fn fall_back(&mut self, reason: &str) {
+        let Some(e) = self.ebpf.take() else {
+            return;
+        };
+        self.retired = e.stats();
+        self.floors = e.last_cpu.iter().copied().collect();
+        let program_id = e.program_id().unwrap_or(0);
+        drop(e);
+        self.fallbacks += 1;
+        tracing::warn!(
+            ticks = self.strikes,
+            %reason,
+            program_id,
+            "eBPF collection failed or was interfered with on consecutive ticks; \
+             unloaded the eBPF program, reading cgroupfs until the agent restarts"
+        );
+    }
+
+    fn cgroupfs(&mut self) -> Result<Snapshot, CollectError> {
+        let mut snap = self.fs.collect()?;
+        raise_to_floors(&mut self.floors, &mut snap.cgroups);
+        Ok(snap)
+    }
+}
+
+/// Raises each cgroup's CPU time to its floor (the last eBPF value) while it reads lower;
+/// forgets the floors of cgroups that passed theirs or are gone.
+fn raise_to_floors(floors: &mut HashMap<u64, u64>, cgroups: &mut [CgroupSample]) {
+    if floors.is_empty() {
+        return;
+    }
+    let mut kept = HashMap::new();
+    for c in cgroups {
+        let (Some(cpu), Some(&floor)) = (c.cpu.as_mut(), floors.get(&c.id.0)) else {
+            continue;
+        };
+        if cpu.0 < floor {
+            cpu.0 = floor;
+            kept.insert(c.id.0, floor);
+        }
+    }
+    *floors = kept;
+}
+
+impl Collector for AutoCollector {
+    fn source(&self) -> Source {
+        match self.ebpf {
+            Some(_) => Source::Ebpf,
+            None => Source::Cgroupfs,
+        }
+    }
+
+    fn stats(&self) -> CollectorStats {
+        let live = self.ebpf.as_ref().map(Collector::stats).unwrap_or_default();
+        CollectorStats {
+            fallbacks: self.fallbacks,
+            ..self.retired.add(live)
+        }
+    }
+
+    fn collect(&mut self) -> Result<Snapshot, CollectError> {
+        let Some(e) = self.ebpf.as_mut() else {
+            return self.cgroupfs();
+        };
+        let before = e.stats().interference();
+        let result = e.collect();
+        let interfered = e.stats().interference() > before;
+        match result {
+            Ok(snap) => {
+                if !interfered {
+                    self.strikes = 0;
+                    return Ok(snap);
+                }
+                self.strikes += 1;
+                if self.strikes >= FALLBACK_AFTER {
+                    // This tick is good (repaired); the next ones come from cgroupfs.
+                    self.fall_back("another process keeps replacing the iterator's program or running its link");
+                }
+                Ok(snap)
+            }
+            // Not eBPF's doing: the scope or cgroupfs itself (cgroupfs would fail too).
+            Err(e @ (CollectError::Fs(_) | CollectError::Probe(ProbeError::CgroupGone { .. }))) => {
+                Err(e)
+            }
+            Err(CollectError::Probe(p)) => {
+                self.strikes += 1;
+                if self.strikes < FALLBACK_AFTER {
+                    return Err(p.into());
+                }
+                self.fall_back(&crate::error::chain(&p));
+                self.cgroupfs()
+            }
+        }
     }
 }
 
@@ -667,6 +1010,29 @@ mod tests {
             .into_iter()
             .map(|(p, _)| p.to_string())
             .collect()
+    }
+
+    #[test]
+    fn cpu_never_goes_backwards_across_the_fallback() {
+        let sample = |id: u64, cpu: u64| CgroupSample {
+            path: format!("/c{id}").into(),
+            id: CgroupId(id),
+            cpu: Some(CpuNanos(cpu)),
+            memory: None,
+        };
+        // Last eBPF values (ns); cgroup 3 is gone afterwards.
+        let mut floors: HashMap<u64, u64> = [(1, 1_234_567), (2, 5_000_400), (3, 7)].into();
+        // cgroupfs: whole microseconds. 1 is idle, 2 ran on.
+        let mut first = vec![sample(1, 1_234_000), sample(2, 5_002_000), sample(4, 9_000)];
+        raise_to_floors(&mut floors, &mut first);
+        let cpu: Vec<u64> = first.iter().map(|c| c.cpu.map_or(0, |v| v.0)).collect();
+        assert_eq!(cpu, [1_234_567, 5_002_000, 9_000]);
+        assert_eq!(floors, [(1, 1_234_567)].into());
+        // Once cgroupfs passes the floor, it is forgotten.
+        let mut later = vec![sample(1, 1_235_000)];
+        raise_to_floors(&mut floors, &mut later);
+        assert_eq!(later[0].cpu, Some(CpuNanos(1_235_000)));
+        assert!(floors.is_empty());
     }
 
     #[test]

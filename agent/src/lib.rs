@@ -16,10 +16,13 @@
 pub mod attribute;
 pub mod cgroup_path;
 pub mod cgroupfs;
+pub mod clock;
 pub mod collect;
 pub mod config;
 pub mod dump;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod kernel_layout;
 pub mod layout;
 pub mod probe;

@@ -6,7 +6,6 @@ use anyhow::Context;
 use clap::Parser;
 use kpulse_agent::{
     attribute::{self, Attributor},
-    cgroupfs,
     collect::{self, Collector, Scope},
     config::{Cli, CollectArgs, Command, DumpArgs, RunArgs},
     dump,
@@ -130,13 +129,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
         .context("collector setup")??;
     let source = collector.source();
-    let node_started_at = match cgroupfs::boot_time() {
-        Ok(t) => Some(kpulse_wire::UnixNanos(t.0)),
-        Err(e) => {
-            warn!(error = %kpulse_agent::error::chain(&e), "node boot time unknown");
-            None
-        }
-    };
+    if kpulse_agent::clock::boot().is_none() {
+        warn!("the clocks cannot be read: no node boot time or container start times");
+    }
 
     let (mode, attributor) = match &args.pods_file {
         Some(path) => (
@@ -199,7 +194,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         collector,
         attributor,
         resolution: args.collect.resolution,
-        node_started_at,
         procs_root,
         metrics,
     }

@@ -1,5 +1,11 @@
 //! Loading and driving the eBPF programs. The only module with `unsafe` (raw `bpf(2)`
-//! calls for what aya 0.14 does not expose: cgroup iterator links with options).
+//! calls for what aya 0.14 does not expose: cgroup iterator links with options, link
+//! information, freezing maps).
+//!
+//! Guarding against other processes (see docs/design/collection.md, "Faults"): the records
+//! map and the walk counters are frozen (no user-space writes, by anyone); each walk checks
+//! that its link still runs our program ([`ProbeError::LinkReplaced`]) and that every
+//! record it copied belongs to it ([`ProbeError::ForeignRecord`]).
 
 #![allow(unsafe_code)]
 
@@ -26,6 +32,9 @@ static EMBEDDED: Option<&[u8]> = None;
 
 /// The scheduler-path program's map.
 const SCHED_MAP: &str = "SCHED_CPU_NS";
+
+/// The object's zero-initialised globals (the walk's counters).
+const BSS_MAP: &str = ".bss";
 
 /// Where the kernel's BTF lives.
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -80,6 +89,40 @@ pub enum ProbeError {
     /// The iterator output did not parse.
     #[error("iterator output: {0}")]
     Output(String),
+    /// Another process replaced the program of one of our iterator links
+    /// (`BPF_LINK_UPDATE`): the link would run a program that is not ours.
+    #[error(
+        "the iterator link {link} over {dir} runs program {found}, not ours ({ours}): \
+         another process replaced it"
+    )]
+    LinkReplaced {
+        /// The link's kernel id.
+        link: u32,
+        /// The subtree the link walks.
+        dir: PathBuf,
+        /// The program the link runs now.
+        found: u32,
+        /// Our program.
+        ours: u32,
+    },
+    /// The cgroup a link walks was removed (a link holds the cgroup, not its path) and
+    /// linking its path again found nothing live either.
+    #[error("the cgroup {} is not live (removed while linked?)", dir.display())]
+    CgroupGone {
+        /// The subtree's root directory.
+        dir: PathBuf,
+    },
+    /// A record of the records map was overwritten by another walk (another process ran an
+    /// iterator of our link at the same time) before it was copied.
+    #[error("{what}: record {index} of {visited} was overwritten by another walk")]
+    ForeignRecord {
+        /// The walk.
+        what: String,
+        /// The record's index.
+        index: usize,
+        /// Records of the walk.
+        visited: u64,
+    },
     /// A map could not be read.
     #[error("map {name}")]
     Map {
@@ -97,6 +140,8 @@ pub struct CgroupIter {
     layout: KernelLayout,
     records: RecordsMap,
     buf: Vec<u8>,
+    /// `cgroup_stats`' kernel id: what each of our links must run.
+    prog_id: u32,
 }
 
 /// The `BPF_F_MMAPABLE` records array, mapped into this process.
@@ -217,18 +262,32 @@ impl CgroupIter {
             .map_err(prog_err("cgroup_stats"))?;
         prog.load("cgroup", &btf)
             .map_err(prog_err("cgroup_stats"))?;
+        let prog_id = prog.info().map_err(prog_err("cgroup_stats"))?.id();
+        // No process may write the records or the walk counters from user space (by map
+        // id, with BPF_MAP_UPDATE_ELEM or a writable mmap); the program still can.
+        for name in [RECORDS_MAP, BSS_MAP] {
+            freeze(&ebpf, name)?;
+        }
         Ok(CgroupIter {
             ebpf,
             layout,
             records,
             buf: vec![0; 4096],
+            prog_id,
         })
     }
 
     /// The program's kernel id.
     pub fn program_id(&self) -> Option<u32> {
-        let prog = self.ebpf.program("cgroup_stats")?;
-        prog.info().ok().map(|i| i.id())
+        Some(self.prog_id)
+    }
+
+    /// Kernel ids of the maps this iterator's program uses (records, counters, offsets).
+    pub fn map_ids(&self) -> Vec<u32> {
+        self.ebpf
+            .maps()
+            .filter_map(|(_, m)| map_data(m).and_then(|d| d.info().ok()).map(|i| i.id()))
+            .collect()
     }
 
     /// How many records the map holds.
@@ -249,6 +308,24 @@ impl CgroupIter {
             what: what(),
             source,
         })?;
+        // The session runs the program the link held when the iterator was created: if that
+        // is still ours now, the walk is ours (a replacement in between is caught here or
+        // by the session check below).
+        let found = sys::link_info(link.link.as_raw_fd())
+            .map_err(|source| ProbeError::Syscall {
+                call: "BPF_OBJ_GET_INFO_BY_FD",
+                what: what(),
+                source,
+            })?
+            .prog_id;
+        if found != self.prog_id {
+            return Err(ProbeError::LinkReplaced {
+                link: link.id,
+                dir: link.dir.clone(),
+                found,
+                ours: self.prog_id,
+            });
+        }
         let mut file = File::from(fd);
         let mut got = 0usize;
         loop {
@@ -300,12 +377,29 @@ impl CgroupIter {
                 )));
             }
             if r.session != end.session {
-                return Err(ProbeError::Output(format!(
-                    "{}: record {i} belongs to another walk",
-                    what()
-                )));
+                return Err(ProbeError::ForeignRecord {
+                    what: what(),
+                    index: i,
+                    visited,
+                });
             }
             out.push(r);
+        }
+        // Another walk of this link (a process that got it by id) may have rewritten
+        // records while they were copied: every record must still be this walk's.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        for i in 0..held {
+            // SAFETY: as above; only the session field is read.
+            let session = unsafe {
+                std::ptr::read_volatile(std::ptr::addr_of!((*self.records.ptr.add(i)).session))
+            };
+            if session != end.session {
+                return Err(ProbeError::ForeignRecord {
+                    what: what(),
+                    index: i,
+                    visited,
+                });
+            }
         }
         Ok(WalkStats {
             visited,
@@ -343,9 +437,15 @@ impl CgroupIter {
             what: dir.display().to_string(),
             source,
         })?;
+        let info = sys::link_info(link.as_raw_fd()).map_err(|source| ProbeError::Syscall {
+            call: "BPF_OBJ_GET_INFO_BY_FD",
+            what: dir.display().to_string(),
+            source,
+        })?;
         Ok(IterLink {
             link,
             dir: dir.to_path_buf(),
+            id: info.id,
         })
     }
 }
@@ -355,12 +455,29 @@ impl CgroupIter {
 pub struct IterLink {
     link: OwnedFd,
     dir: PathBuf,
+    id: u32,
 }
 
 impl IterLink {
     /// The subtree's root directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The link's kernel id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The id of the program the link runs now (ours, unless another process replaced it).
+    pub fn program_id(&self) -> Result<u32, ProbeError> {
+        sys::link_info(self.link.as_raw_fd())
+            .map(|i| i.prog_id)
+            .map_err(|source| ProbeError::Syscall {
+                call: "BPF_OBJ_GET_INFO_BY_FD",
+                what: format!("iterator link {}", self.id),
+                source,
+            })
     }
 }
 
@@ -370,24 +487,39 @@ fn version_mismatch(v: u32) -> ProbeError {
     ))
 }
 
+/// A clock [`clock_nanos`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockId {
+    /// `CLOCK_REALTIME`: the wall clock, which may step.
+    Realtime,
+    /// `CLOCK_BOOTTIME`: time since boot, suspend included; never steps.
+    Boottime,
+}
+
+/// Nanoseconds of `clock`; `None` if it cannot be read.
+pub fn clock_nanos(clock: ClockId) -> Option<u128> {
+    let id = match clock {
+        ClockId::Realtime => libc::CLOCK_REALTIME,
+        ClockId::Boottime => libc::CLOCK_BOOTTIME,
+    };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; clock_gettime has no other
+    // preconditions.
+    let rc = unsafe { libc::clock_gettime(id, &mut ts) };
+    if rc != 0 {
+        return None;
+    }
+    Some(u128::try_from(ts.tv_sec).ok()? * 1_000_000_000 + u128::try_from(ts.tv_nsec).ok()?)
+}
+
 /// The wall-clock instant of boot, to the nanosecond: `CLOCK_REALTIME − CLOCK_BOOTTIME`
 /// (`/proc/stat`'s `btime` is whole seconds). `None` if a clock cannot be read.
 pub fn boot_wall_clock() -> Option<kpulse_wire::UnixNanos> {
-    fn read(clock: libc::clockid_t) -> Option<u128> {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid, writable timespec; clock_gettime has no other
-        // preconditions.
-        let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
-        if rc != 0 {
-            return None;
-        }
-        Some(u128::try_from(ts.tv_sec).ok()? * 1_000_000_000 + u128::try_from(ts.tv_nsec).ok()?)
-    }
-    let boot = read(libc::CLOCK_BOOTTIME)?;
-    let real = read(libc::CLOCK_REALTIME)?;
+    let boot = clock_nanos(ClockId::Boottime)?;
+    let real = clock_nanos(ClockId::Realtime)?;
     u64::try_from(real.checked_sub(boot)?)
         .ok()
         .map(kpulse_wire::UnixNanos)
@@ -405,6 +537,28 @@ pub fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     u64::try_from(v).unwrap_or(4096)
+}
+
+/// The [`aya::maps::MapData`] behind any map kind this agent's objects have.
+fn map_data(m: &aya::maps::Map) -> Option<&aya::maps::MapData> {
+    use aya::maps::Map;
+    match m {
+        Map::Array(d) | Map::PerCpuArray(d) | Map::HashMap(d) | Map::PerCpuHashMap(d) => Some(d),
+        _ => None,
+    }
+}
+
+/// `BPF_MAP_FREEZE` on the object's map `name`: no more writes from user space.
+fn freeze(ebpf: &Ebpf, name: &'static str) -> Result<(), ProbeError> {
+    let data = ebpf
+        .map(name)
+        .and_then(map_data)
+        .ok_or(ProbeError::MissingProgram(name))?;
+    sys::map_freeze(data.fd().as_fd().as_raw_fd()).map_err(|source| ProbeError::Syscall {
+        call: "BPF_MAP_FREEZE",
+        what: name.into(),
+        source,
+    })
 }
 
 fn map_records(ebpf: &Ebpf, len: u32) -> Result<RecordsMap, ProbeError> {
@@ -503,6 +657,8 @@ impl SchedSwitch {
 mod sys {
     use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    const BPF_MAP_FREEZE: libc::c_long = 22;
     const BPF_LINK_CREATE: libc::c_long = 28;
     const BPF_ITER_CREATE: libc::c_long = 33;
     const BPF_TRACE_ITER: u32 = 28;
@@ -537,6 +693,80 @@ mod sys {
         link_fd: u32,
         flags: u32,
         _pad: [u64; 6],
+    }
+
+    /// The `BPF_OBJ_GET_INFO_BY_FD` part of `union bpf_attr`.
+    #[repr(C)]
+    #[derive(Default)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+        _pad: [u64; 4],
+    }
+
+    /// The head of `struct bpf_link_info` and its iterator member (the kernel fills what
+    /// fits in the length given).
+    #[repr(C)]
+    #[derive(Default, Debug, Clone, Copy)]
+    pub struct LinkInfo {
+        pub type_: u32,
+        pub id: u32,
+        pub prog_id: u32,
+        _pad: u32,
+        target_name: u64,
+        target_name_len: u32,
+        map_id: u32,
+        pub cgroup_id: u64,
+        pub order: u32,
+        _pad2: u32,
+    }
+
+    /// The `BPF_MAP_FREEZE` part of `union bpf_attr`.
+    #[repr(C)]
+    #[derive(Default)]
+    struct MapFdAttr {
+        map_fd: u32,
+        _pad: [u32; 15],
+    }
+
+    /// `bpf(2)` for the commands that return 0 on success, not a file descriptor.
+    fn bpf_unit<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<()> {
+        // SAFETY: as in `bpf`; the kernel writes only through pointers inside `attr` that
+        // the caller made point at live, large-enough buffers.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                attr as *mut T,
+                std::mem::size_of::<T>() as libc::c_uint,
+            )
+        };
+        if ret < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// What the kernel says about link `fd`: its id and the program it runs now.
+    pub fn link_info(fd: RawFd) -> std::io::Result<LinkInfo> {
+        let mut info = LinkInfo::default();
+        let mut attr = InfoAttr {
+            bpf_fd: fd as u32,
+            info_len: std::mem::size_of::<LinkInfo>() as u32,
+            info: &mut info as *mut LinkInfo as u64,
+            ..Default::default()
+        };
+        bpf_unit(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+        Ok(info)
+    }
+
+    pub fn map_freeze(fd: RawFd) -> std::io::Result<()> {
+        let mut attr = MapFdAttr {
+            map_fd: fd as u32,
+            ..Default::default()
+        };
+        bpf_unit(BPF_MAP_FREEZE, &mut attr)
     }
 
     fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<OwnedFd> {

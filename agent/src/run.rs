@@ -34,8 +34,6 @@ pub struct TickLoop {
     pub attributor: Attributor,
     /// Tick interval.
     pub resolution: Duration,
-    /// The node's boot time ([`NodeSample::started_at`]).
-    pub node_started_at: Option<UnixNanos>,
     /// Where containers' start times are read (`cgroup.procs`): the cgroup2 mount; `None`
     /// sends no start times (the server then waits for two points).
     pub procs_root: Option<std::path::PathBuf>,
@@ -94,7 +92,6 @@ impl TickLoop {
             collector,
             attributor,
             resolution,
-            node_started_at,
             procs_root,
             metrics,
         } = self;
@@ -114,6 +111,7 @@ impl TickLoop {
         let mut stop = std::pin::pin!(stop);
         let mut collector = Some(collector);
         let mut seen = Seen::default();
+        let mut collector_stats = crate::collect::CollectorStats::default();
         loop {
             tokio::select! {
                 _ = interval.tick() => {}
@@ -122,6 +120,14 @@ impl TickLoop {
             let Some(mut c) = collector.take() else {
                 return Ok(());
             };
+            if let Some(step) = crate::clock::check() {
+                metrics.clock_steps.inc();
+                tracing::warn!(
+                    %step,
+                    "the wall clock stepped: timestamps follow it from this tick on; every \
+                     series restarts, so no rate spans the step"
+                );
+            }
             let index = attributor.current();
             let started = std::time::Instant::now();
             let mut st = starts.take();
@@ -138,11 +144,19 @@ impl TickLoop {
             })
             .await;
             let (c, st, result) = joined.map_err(RunError::CollectorPanicked)?;
-            collector = Some(c);
-            starts = st;
             metrics
                 .collection_duration
                 .observe(started.elapsed().as_secs_f64());
+            let now = c.stats();
+            metrics.collector.record(c.source(), &collector_stats, &now);
+            collector_stats = now;
+            if let Some(st) = st.as_ref() {
+                metrics
+                    .start_time_cache_entries
+                    .set(i64::try_from(st.len()).unwrap_or(i64::MAX));
+            }
+            collector = Some(c);
+            starts = st;
             let (snap, attribution, index) = match result {
                 Ok(r) => r,
                 Err(e) => {
@@ -158,6 +172,12 @@ impl TickLoop {
             if seen.error.take().is_some() {
                 tracing::info!("collection works again");
             }
+            metrics
+                .cgroups
+                .set(i64::try_from(snap.cgroups.len()).unwrap_or(i64::MAX));
+            metrics
+                .pods
+                .set(i64::try_from(index.pods().len()).unwrap_or(i64::MAX));
             if snap.dropped != seen.dropped {
                 if snap.dropped > 0 {
                     tracing::warn!(
@@ -188,7 +208,7 @@ impl TickLoop {
                 }
                 seen.unattributed = unattributed > 0;
             }
-            shipper.publish(tick(&snap, attribution, index.pods(), node_started_at));
+            shipper.publish(tick(&snap, attribution, index.pods(), crate::clock::boot()));
         }
     }
 }

@@ -108,10 +108,8 @@ pub struct Snapshot {
     pub dropped: u64,
 }
 
-/// Reads CLOCK_REALTIME.
+/// Now on the agent's timeline ([`crate::clock`]): wall-clock nanoseconds that advance
+/// with `CLOCK_BOOTTIME`, so that a step of the wall clock never changes a window.
 pub fn now() -> UnixNanos {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    UnixNanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    UnixNanos(crate::clock::now().0)
 }

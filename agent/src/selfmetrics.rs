@@ -8,6 +8,15 @@
 //! | `kpulse_agent_incomplete_pods` | gauge, per tick | none |
 //! | `kpulse_agent_collection_duration_seconds` | histogram (1 ms … 10 s) | none |
 //! | `kpulse_agent_collection_errors_total` | counter | none |
+//! | `kpulse_agent_collector` | gauge, 1 for the collector in use | `collector` (`ebpf`, `cgroupfs`) |
+//! | `kpulse_agent_collector_fallbacks_total` | counter (eBPF → cgroupfs while running) | none |
+//! | `kpulse_agent_ebpf_relinks_total` | counter | `reason` (`program_replaced`, `cgroup_removed`) |
+//! | `kpulse_agent_ebpf_foreign_walks_total` | counter | none |
+//! | `kpulse_agent_cgroups` | gauge, per tick | none |
+//! | `kpulse_agent_ebpf_walk_records` | gauge, per tick | none |
+//! | `kpulse_agent_path_cache_entries` | gauge, per tick | none |
+//! | `kpulse_agent_start_time_cache_entries` | gauge, per tick | none |
+//! | `kpulse_agent_pods` | gauge, per tick | none |
 //! | `kpulse_agent_sent_ticks_total` | counter | `replica` |
 //! | `kpulse_agent_dropped_ticks_total` | counter | `replica` |
 //! | `kpulse_agent_reconnects_total` | counter | `replica` |
@@ -22,12 +31,12 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use prometheus_client::{
-    encoding::prometheus_text,
-    metrics::{counter::Counter, gauge::Gauge, histogram::Histogram},
+    encoding::{prometheus_text, EncodeLabelSet},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::{Registry, Unit},
 };
 
-use crate::ship::ShipMetrics;
+use crate::{collect::CollectorStats, sample::Source, ship::ShipMetrics};
 
 /// The `Content-Type` of `/metrics`.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -54,9 +63,110 @@ pub struct AgentMetrics {
     pub collection_duration: Histogram,
     /// Collections that failed.
     pub collection_errors: Counter,
+    /// Steps of the wall clock seen (see `clock`).
+    pub clock_steps: Counter,
+    /// Cgroups in the last tick.
+    pub cgroups: Gauge,
+    /// Sizes of the agent's per-cgroup state, and the collector's counters.
+    pub collector: CollectorMetrics,
+    /// Entries of the start-time cache (`starttime`), last tick.
+    pub start_time_cache_entries: Gauge,
+    /// Pods in the attribution index, last tick.
+    pub pods: Gauge,
     /// The shipper's metrics.
     pub ship: Arc<ShipMetrics>,
     registry: Registry,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CollectorLabel {
+    collector: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RelinkLabel {
+    reason: &'static str,
+}
+
+/// What the collector reports about itself ([`CollectorStats`]), as metrics.
+#[derive(Debug, Default)]
+pub struct CollectorMetrics {
+    in_use: Family<CollectorLabel, Gauge>,
+    fallbacks: Counter,
+    relinks: Family<RelinkLabel, Counter>,
+    foreign_walks: Counter,
+    walk_records: Gauge,
+    path_cache_entries: Gauge,
+}
+
+impl CollectorMetrics {
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "collector",
+            "1 for the collector in use (ebpf or cgroupfs)",
+            self.in_use.clone(),
+        );
+        r.register(
+            "collector_fallbacks",
+            "Switches from the eBPF collector to cgroupfs while running (--collector auto)",
+            self.fallbacks.clone(),
+        );
+        r.register(
+            "ebpf_relinks",
+            "eBPF iterator links made again: their program replaced by another process, or their cgroup removed",
+            self.relinks.clone(),
+        );
+        r.register(
+            "ebpf_foreign_walks",
+            "eBPF walks done again because another walk of our link overwrote their records",
+            self.foreign_walks.clone(),
+        );
+        r.register(
+            "ebpf_walk_records",
+            "Records the last tick's eBPF walks returned (all hierarchies)",
+            self.walk_records.clone(),
+        );
+        r.register(
+            "path_cache_entries",
+            "Entries of the eBPF collector's cgroup id to path caches",
+            self.path_cache_entries.clone(),
+        );
+    }
+
+    /// Records the collector's state after a tick; `last` is what the previous call
+    /// recorded (the collector's counters are cumulative, the metrics' too).
+    pub fn record(&self, source: Source, last: &CollectorStats, now: &CollectorStats) {
+        for (name, s) in [("ebpf", Source::Ebpf), ("cgroupfs", Source::Cgroupfs)] {
+            self.in_use
+                .get_or_create(&CollectorLabel { collector: name })
+                .set(i64::from(source == s));
+        }
+        let gauge = |g: &Gauge, v: u64| {
+            g.set(i64::try_from(v).unwrap_or(i64::MAX));
+        };
+        gauge(&self.walk_records, now.walk_records);
+        gauge(&self.path_cache_entries, now.path_cache_entries);
+        let delta = |a: u64, b: u64| a.saturating_sub(b);
+        self.fallbacks.inc_by(delta(now.fallbacks, last.fallbacks));
+        self.foreign_walks
+            .inc_by(delta(now.foreign_walks, last.foreign_walks));
+        self.relinks
+            .get_or_create(&RelinkLabel {
+                reason: "program_replaced",
+            })
+            .inc_by(delta(
+                now.relinks_program_replaced,
+                last.relinks_program_replaced,
+            ));
+        self.relinks
+            .get_or_create(&RelinkLabel {
+                reason: "cgroup_removed",
+            })
+            .inc_by(delta(
+                now.relinks_cgroup_removed,
+                last.relinks_cgroup_removed,
+            ));
+    }
 }
 
 impl Default for AgentMetrics {
@@ -73,6 +183,11 @@ impl AgentMetrics {
         let incomplete_pods = Gauge::default();
         let collection_duration = Histogram::new(COLLECTION_BUCKETS);
         let collection_errors = Counter::default();
+        let clock_steps = Counter::default();
+        let cgroups = Gauge::default();
+        let collector = CollectorMetrics::default();
+        let start_time_cache_entries = Gauge::default();
+        let pods = Gauge::default();
         let ship = Arc::new(ShipMetrics::default());
         {
             let r = registry.sub_registry_with_prefix("kpulse_agent");
@@ -97,6 +212,23 @@ impl AgentMetrics {
                 "Collections that failed (the tick was skipped)",
                 collection_errors.clone(),
             );
+            r.register(
+                "clock_steps",
+                "Steps of the node's wall clock seen; each restarts every series once",
+                clock_steps.clone(),
+            );
+            r.register("cgroups", "Cgroups the last tick reported", cgroups.clone());
+            collector.register(r);
+            r.register(
+                "start_time_cache_entries",
+                "Containers whose start time the agent keeps (one per container cgroup sent)",
+                start_time_cache_entries.clone(),
+            );
+            r.register(
+                "pods",
+                "Pods in the attribution index (watched, or in --pods-file)",
+                pods.clone(),
+            );
             ship.register(r);
         }
         AgentMetrics {
@@ -104,6 +236,11 @@ impl AgentMetrics {
             incomplete_pods,
             collection_duration,
             collection_errors,
+            clock_steps,
+            cgroups,
+            collector,
+            start_time_cache_entries,
+            pods,
             ship,
             registry,
         }
@@ -208,6 +345,19 @@ mod tests {
         m.unattributed_cgroups.set(3);
         m.collection_duration.observe(0.002);
         assert_eq!(m.ship.dropped("10.0.0.1:443"), 0);
+        let stats = CollectorStats {
+            relinks_program_replaced: 1,
+            path_cache_entries: 7,
+            ..Default::default()
+        };
+        m.collector
+            .record(Source::Ebpf, &CollectorStats::default(), &stats);
+        // Cumulative counters are added as differences.
+        let later = CollectorStats {
+            relinks_program_replaced: 2,
+            ..stats
+        };
+        m.collector.record(Source::Ebpf, &stats, &later);
         let text = m.encode().expect("encode");
         for want in [
             "# TYPE kpulse_agent_unattributed_cgroups gauge",
@@ -217,6 +367,13 @@ mod tests {
             "kpulse_agent_dropped_ticks_total{replica=\"10.0.0.1:443\"} 0",
             "kpulse_agent_streams_up 0",
             "kpulse_agent_collection_errors_total 0",
+            "kpulse_agent_collector{collector=\"ebpf\"} 1",
+            "kpulse_agent_collector{collector=\"cgroupfs\"} 0",
+            "kpulse_agent_ebpf_relinks_total{reason=\"program_replaced\"} 2",
+            "kpulse_agent_ebpf_relinks_total{reason=\"cgroup_removed\"} 0",
+            "kpulse_agent_collector_fallbacks_total 0",
+            "kpulse_agent_path_cache_entries 7",
+            "kpulse_agent_pods 0",
         ] {
             assert!(text.contains(want), "{want} missing from\n{text}");
         }

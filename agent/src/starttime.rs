@@ -1,6 +1,7 @@
 //! When a container's counters were zero ([`kpulse_wire::ContainerSample::started_at`]):
 //! the start of the earliest process in its cgroup, from `/proc/PID/stat` (clock ticks
-//! since boot, 10 ms) and the boot instant to the nanosecond ([`probe::boot_wall_clock`]).
+//! since boot, 10 ms), placed on the agent's timeline by the boot instant ([`clock::boot`]),
+//! so that it moves with the sample timestamps when the wall clock steps.
 //!
 //! A container's CPU counter starts when its first process runs in the cgroup, so the
 //! earliest start time among the processes still in it is the instant the counter was zero
@@ -20,7 +21,7 @@ use std::{
 
 use kpulse_wire::{stream::PodCounters, UnixNanos};
 
-use crate::{probe, sample::Snapshot};
+use crate::{clock, probe, sample::Snapshot};
 
 /// Most processes read per cgroup when looking for the earliest start.
 const MAX_PROCS: usize = 256;
@@ -29,9 +30,9 @@ const MAX_PROCS: usize = 256;
 #[derive(Debug)]
 pub struct StartTimes {
     procs_root: PathBuf,
-    boot: Option<UnixNanos>,
     ticks_per_second: u64,
-    known: HashMap<u64, Option<UnixNanos>>,
+    /// Nanoseconds since boot; the boot instant is added when a tick is filled.
+    known: HashMap<u64, Option<u64>>,
 }
 
 impl StartTimes {
@@ -40,7 +41,6 @@ impl StartTimes {
     pub fn new(procs_root: &Path) -> StartTimes {
         StartTimes {
             procs_root: procs_root.to_owned(),
-            boot: probe::boot_wall_clock(),
             ticks_per_second: probe::clock_ticks(),
             known: HashMap::new(),
         }
@@ -73,18 +73,30 @@ impl StartTimes {
             self.known.insert(id, start);
         }
         let mut live = std::collections::HashSet::new();
+        let boot = clock::boot();
         for c in counters.iter_mut().flat_map(|p| p.containers.iter_mut()) {
             c.started_at = c.cgroup_id.and_then(|id| {
                 live.insert(id.0);
-                self.known.get(&id.0).copied().flatten()
+                let since_boot = self.known.get(&id.0).copied().flatten()?;
+                boot?.0.checked_add(since_boot).map(UnixNanos)
             });
         }
         self.known.retain(|id, _| live.contains(id));
     }
 
-    /// The earliest start of the processes in the cgroup at `path` (relative to the root).
-    fn earliest_start(&self, path: &str) -> Option<UnixNanos> {
-        let boot = self.boot?;
+    /// Cgroups whose start time is kept (those of the last tick's containers).
+    pub fn len(&self) -> usize {
+        self.known.len()
+    }
+
+    /// Whether no start time is kept.
+    pub fn is_empty(&self) -> bool {
+        self.known.is_empty()
+    }
+
+    /// The earliest start of the processes in the cgroup at `path` (relative to the root),
+    /// in nanoseconds since boot.
+    fn earliest_start(&self, path: &str) -> Option<u64> {
         let procs = std::fs::read_to_string(
             self.procs_root
                 .join(path.trim_start_matches('/'))
@@ -101,9 +113,7 @@ impl StartTimes {
             })
             .min()?;
         let nanos = u128::from(ticks) * 1_000_000_000 / u128::from(self.ticks_per_second);
-        u64::try_from(u128::from(boot.0) + nanos)
-            .ok()
-            .map(UnixNanos)
+        u64::try_from(nanos).ok()
     }
 }
 
@@ -130,8 +140,8 @@ mod tests {
     fn this_process_started_before_now_and_after_boot() {
         let stat = std::fs::read_to_string("/proc/self/stat").expect("own stat");
         let ticks = start_ticks(&stat).expect("starttime");
-        let boot = probe::boot_wall_clock().expect("clocks");
-        let now = UnixNanos::from_system_time(std::time::SystemTime::now());
+        let boot = clock::boot().expect("clocks");
+        let now = clock::now();
         let start = boot.0 + ticks * 1_000_000_000 / probe::clock_ticks();
         assert!(start > boot.0 && start <= now.0, "{start} {boot:?} {now:?}");
     }

@@ -9,6 +9,8 @@
 //!   the same tick;
 //! - the cgroupfs collector gives the same answers as eBPF; `auto` falls back to it with
 //!   a warning when eBPF cannot load;
+//! - in the VM stage only, stepping the wall clock back and forward changes no window
+//!   between two samples (see `clock_steps`);
 //! - afterwards no cgroup, process or BPF program of the test is left.
 //!
 //! Needs root and BPF. Outside CI it skips with a reason when they are missing; with
@@ -385,6 +387,15 @@ fn run() -> usize {
     checks += agent_binary_fallback(&bogus, &parent, &mut failures);
     let _ = std::fs::remove_file(&bogus);
 
+    // Clock steps: only inside a throwaway VM, whose wall clock nobody else depends on.
+    if std::env::var("KPULSE_IN_VM").is_ok_and(|v| v == "1") {
+        checks += clock_steps(&mut ebpf, &format!("/{parent}/spin"), &mut failures);
+    } else {
+        println!(
+            "accuracy: clock steps are checked in the VM stage only (this host's clock is shared)"
+        );
+    }
+
     drop(ebpf);
     let pids: Vec<u32> = pids.iter().map(|(_, p)| *p).collect();
     drop(cg);
@@ -401,6 +412,106 @@ fn run() -> usize {
         panic!("{} accuracy checks failed", failures.len());
     }
     checks
+}
+
+/// Steps the (VM's) wall clock back by 0.5 s, back by 30 s and forward by one hour between
+/// two collections, as `date -s` or an NTP step would, and checks what the agent relies on
+/// (`kpulse_agent::clock`): the window between two samples is the real elapsed time whatever
+/// the wall clock did, so the busy loop's rate stays at most one core; the tick loop's
+/// check sees each step, to within the threshold; after it the timestamps are the wall
+/// clock's again, and the boot instant (the node's `started_at`, and the base of every
+/// container's) moved by the step, which makes the aggregator restart every series instead
+/// of computing a rate across the step.
+fn clock_steps(ebpf: &mut EbpfCollector, spin: &str, failures: &mut Vec<String>) -> usize {
+    use kpulse_agent::clock;
+    const HALF: Duration = Duration::from_millis(500);
+    let mut checks = 0;
+    let _ = clock::check();
+    for (label, step) in [
+        ("back 0.5 s", -500_000_000i128),
+        ("back 30 s", -30_000_000_000),
+        ("forward 1 h", 3_600_000_000_000),
+    ] {
+        let boot0 = clock::boot().expect("boot instant");
+        let wall0 = wall_nanos();
+        let t0 = Instant::now();
+        let s0 = ebpf.collect().expect("collect");
+        std::thread::sleep(HALF);
+        step_wall_clock(step);
+        std::thread::sleep(HALF);
+        let s1 = ebpf.collect().expect("collect");
+        let elapsed = t0.elapsed();
+        let wall1 = wall_nanos();
+        let seen = clock::check();
+        let boot1 = clock::boot().expect("boot instant");
+        let s2 = ebpf.collect().expect("collect");
+        let wall2 = wall_nanos();
+
+        let window = s1.timestamp.0 - s0.timestamp.0;
+        let cpu = find(&s1, spin).cpu.expect("cpu").0 - find(&s0, spin).cpu.expect("cpu").0;
+        let rate = cpu as f64 / window as f64;
+        let wall_window = wall1 - wall0;
+        println!(
+            "accuracy: clock {label:11}: window {:.3} s (elapsed {:.3} s; the wall clock says {:.3} s), \
+             spin {rate:.3} cores (by the wall clock {:.3}), step seen {}",
+            window as f64 / 1e9,
+            elapsed.as_secs_f64(),
+            wall_window as f64 / 1e9,
+            cpu as f64 / wall_window as f64,
+            seen.map_or("none".to_string(), |s| s.to_string()),
+        );
+        checks += 1;
+        // The window can only be shorter than the elapsed time around it (both collections
+        // happen inside it), and not by more than the two collections took.
+        let elapsed_ns = elapsed.as_nanos() as i128;
+        if (window as i128) > elapsed_ns || (window as i128) < elapsed_ns - 200_000_000 {
+            failures.push(format!(
+                "clock {label}: window {window} ns, but {elapsed_ns} ns elapsed"
+            ));
+        }
+        checks += 1;
+        if !(rate > 0.0 && rate <= 1.0 + TOLERANCE) {
+            failures.push(format!("clock {label}: one busy loop at {rate:.3} cores"));
+        }
+        checks += 1;
+        match seen {
+            Some(s) if (s.nanos() - step).abs() < clock::STEP_THRESHOLD.as_nanos() as i128 => {}
+            other => failures.push(format!("clock {label}: step seen {other:?}")),
+        }
+        checks += 1;
+        let moved = i128::from(boot1.0) - i128::from(boot0.0);
+        if (moved - step).abs() >= clock::STEP_THRESHOLD.as_nanos() as i128 {
+            failures.push(format!("clock {label}: boot instant moved {moved} ns"));
+        }
+        checks += 1;
+        if (i128::from(s2.timestamp.0) - wall2).abs() > 200_000_000 {
+            failures.push(format!(
+                "clock {label}: timestamp {} not back on the wall clock {wall2}",
+                s2.timestamp.0
+            ));
+        }
+    }
+    checks
+}
+
+fn wall_nanos() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos() as i128
+}
+
+/// Moves CLOCK_REALTIME by `by` nanoseconds (root; in the VM only).
+fn step_wall_clock(by: i128) {
+    let to = wall_nanos() + by;
+    let ts = libc::timespec {
+        tv_sec: (to / 1_000_000_000) as libc::time_t,
+        tv_nsec: (to % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `ts` is a valid timespec; clock_settime reads it.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) };
+    assert_eq!(rc, 0, "clock_settime: {}", std::io::Error::last_os_error());
 }
 
 /// `kpulse-agent dump --collector auto` with an unloadable object prints one WARN line

@@ -220,9 +220,10 @@ impl<R: Router> App<R> {
         {
             Ok(a) => a.user,
             Err(u) => {
-                if u.api_unavailable() {
-                    tracing::warn!(%path, "authentication failed: the Kubernetes API could not review the token");
-                }
+                // The outage itself is one WARN of the review cache (a state change); each
+                // request it fails is a DEBUG line. `u` names methods and causes, never
+                // credentials.
+                tracing::debug!(%path, error = %u, "request not authenticated");
                 return status_response(&u.status());
             }
         };
@@ -234,8 +235,14 @@ impl<R: Router> App<R> {
                 return status_response(&Status::forbidden(attrs.request(), &reason));
             }
             Decision::Error(message) => {
-                tracing::warn!(%path, user = %user.name, error = %message, "authorization failed closed");
-                let uri = req.uri().to_string();
+                // The outage is one WARN of the review cache; each request it fails, DEBUG.
+                tracing::debug!(%path, user = %user.name, error = %message, "authorization failed closed");
+                // Go's `RequestURI`: the request target, which over HTTP/2 is `:path` (the
+                // URI hyper gives has the scheme and authority too).
+                let uri = req
+                    .uri()
+                    .path_and_query()
+                    .map_or_else(|| path.clone(), ToString::to_string);
                 return text(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     internal_error_body(&uri, &message),

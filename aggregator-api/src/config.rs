@@ -103,6 +103,24 @@ pub struct Config {
     /// How long "denied" SubjectAccessReview answers are cached.
     #[arg(long, default_value = "10s", value_parser = duration)]
     pub authorization_webhook_cache_unauthorized_ttl: std::time::Duration,
+    /// Connections one client IP address may hold open at once, on each port; more are
+    /// closed as soon as they are accepted (0: no limit). A kube-apiserver needs a handful
+    /// (one HTTP/2 connection carries --http2-max-streams-per-connection requests); a load
+    /// generator running many agents from one address needs one per agent.
+    #[arg(
+        long,
+        env = "KPULSE_MAX_CONNECTIONS_PER_IP",
+        default_value_t = crate::serve::DEFAULT_MAX_CONNECTIONS_PER_IP
+    )]
+    pub max_connections_per_ip: usize,
+    /// Concurrent HTTP/2 streams a client may open on one connection (kube-apiserver's and
+    /// metrics-server's flag; 0 means Go's default, 250, as there).
+    #[arg(
+        long,
+        env = "KPULSE_HTTP2_MAX_STREAMS_PER_CONNECTION",
+        default_value_t = crate::serve::DEFAULT_MAX_CONCURRENT_STREAMS
+    )]
+    pub http2_max_streams_per_connection: u32,
     /// Paths served without authorization (health endpoints).
     #[arg(long, value_delimiter = ',', default_value = "/healthz,/readyz,/livez")]
     pub authorization_always_allow_paths: Vec<String>,
@@ -178,6 +196,19 @@ impl Config {
             );
         }
         needs
+    }
+
+    /// The serving limits the flags set (both ports; the agents' port then sizes its
+    /// connection count by --max-agent-streams).
+    pub fn serve_limits(&self) -> crate::serve::Limits {
+        crate::serve::Limits {
+            max_connections_per_ip: self.max_connections_per_ip,
+            max_concurrent_streams: match self.http2_max_streams_per_connection {
+                0 => crate::serve::DEFAULT_MAX_CONCURRENT_STREAMS,
+                n => n,
+            },
+            ..crate::serve::Limits::default()
+        }
     }
 
     /// The address of the agents' port.
@@ -330,6 +361,9 @@ mod tests {
             ["system:serviceaccount:kpulse-system:kpulse-agent"]
         );
         assert_eq!(c.max_agent_streams, 10_000);
+        let limits = c.serve_limits();
+        assert_eq!(limits.max_connections_per_ip, 1024);
+        assert_eq!(limits.max_concurrent_streams, 250);
         assert!(c.agent_client_ca_file.is_none());
         c.validate().expect("valid");
         let c = parse(&[
@@ -391,6 +425,31 @@ mod tests {
             ["SubjectAccessReviews (--authorization-mode Webhook)"]
         );
         assert!(Config::try_parse_from(["x", "--authorization-mode", "alwaysallow"]).is_err());
+    }
+
+    #[test]
+    fn connection_limits() {
+        let limits = parse(&[
+            "--max-connections-per-ip=0",
+            "--http2-max-streams-per-connection=0",
+        ])
+        .serve_limits();
+        assert_eq!(
+            (limits.max_connections_per_ip, limits.max_concurrent_streams),
+            (0, 250),
+            "0: no per-IP limit; Go's default stream count"
+        );
+        let limits = parse(&[
+            "--max-connections-per-ip",
+            "3",
+            "--http2-max-streams-per-connection",
+            "8",
+        ])
+        .serve_limits();
+        assert_eq!(
+            (limits.max_connections_per_ip, limits.max_concurrent_streams),
+            (3, 8)
+        );
     }
 
     #[test]

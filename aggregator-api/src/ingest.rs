@@ -42,7 +42,8 @@
 //! for the node replaces the first) and applies every message through the session code
 //! ([`crate::session`]). It ends when the agent closes it, on a protocol error, when it is
 //! replaced, when no message arrived for [`Settings::idle_timeout`]
-//! (`max(3 × --metric-expiry, 30 s)`), or on shutdown. The node's data outlives the stream
+//! (`max(3 × --metric-expiry, 30 s)`; whole messages count, so a frame trickled byte by byte
+//! does not keep a stream open), or on shutdown. The node's data outlives the stream
 //! until `--metric-expiry` expires it.
 
 use std::{
@@ -235,11 +236,12 @@ impl Settings {
         }
     }
 
-    /// The serving limits of the ingest port: one connection per agent, plus a few.
-    pub fn serve_limits(&self) -> serve::Limits {
+    /// The serving limits of the ingest port: `base` (the flags'), with one connection per
+    /// agent, plus a few.
+    pub fn serve_limits(&self, base: serve::Limits) -> serve::Limits {
         serve::Limits {
             max_connections: self.max_streams.saturating_add(EXTRA_CONNECTIONS),
-            ..serve::Limits::default()
+            ..base
         }
     }
 }
@@ -804,6 +806,11 @@ where
         match decoder.next_message::<AgentMessage>() {
             Ok(Some(AgentMessage::Hello(hello))) => {
                 metrics.message(&AgentMessage::Hello(hello.clone()));
+                // A Hello that arrived whole is bounded by the frame limit only: its
+                // content (kept for the node's lifetime) must fit the Hello's own.
+                if hello_bytes(&hello) > MAX_HELLO_BYTES {
+                    return Err(bad(format!("the Hello is over {MAX_HELLO_BYTES} bytes")));
+                }
                 return Ok(hello);
             }
             Ok(Some(other)) => {
@@ -834,6 +841,17 @@ where
             }
         }
     }
+}
+
+/// The bytes of text a Hello carries (its node's name, labels and agent).
+fn hello_bytes(hello: &Hello) -> usize {
+    hello
+        .node_labels
+        .iter()
+        .map(|(k, v)| k.len() + v.len())
+        .sum::<usize>()
+        .saturating_add(hello.node_name.len())
+        .saturating_add(hello.agent.len())
 }
 
 /// One response frame; the last one ends the body.
@@ -875,13 +893,15 @@ impl hyper::body::Body for ServerBody {
 }
 
 /// Serves the ingest port until `shutdown` resolves; then ends every stream and drains.
+/// `limits` are the flags' serving limits ([`Settings::serve_limits`] applies).
 pub async fn serve<C: Clock + 'static>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     ingest: Arc<Ingest<C>>,
+    limits: serve::Limits,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let limits = ingest.settings.serve_limits();
+    let limits = ingest.settings.serve_limits(limits);
     let stopping = ingest.clone();
     let handle = move |req: Request<Incoming>, peer: Peer| {
         let ingest = ingest.clone();
@@ -1260,6 +1280,35 @@ mod tests {
             message.contains(r#"token is bound to node "node-a", not "node-b""#),
             "{message}"
         );
+        // A Hello over its limit, whole in one chunk or still incomplete.
+        let mut big = hello("node-a");
+        if let AgentMessage::Hello(h) = &mut big {
+            h.node_labels
+                .insert("big".into(), "x".repeat(MAX_HELLO_BYTES));
+        }
+        let (r, _) = open(&f, STREAM_PATH, v, t, &[big.clone()]).await;
+        let (code, message) = error_of(r).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            message,
+            format!("the Hello is over {MAX_HELLO_BYTES} bytes")
+        );
+        let (tx, rx) = mpsc::channel(1);
+        tx.send(frame(&big).slice(..MAX_HELLO_BYTES + 10))
+            .await
+            .expect("queue");
+        let req = Request::post(STREAM_PATH)
+            .header(VERSION_HEADER, "1.0")
+            .header(header::AUTHORIZATION, "Bearer node-a-token")
+            .body(ChannelBody(rx))
+            .expect("request");
+        let (code, message) = error_of(f.ingest.handle(req, &peer()).await).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            message,
+            format!("the Hello is over {MAX_HELLO_BYTES} bytes")
+        );
+        drop(tx);
         // No Hello in time.
         let (r, _keep_open) = open(&f, STREAM_PATH, v, t, &[]).await;
         assert_eq!(error_of(r).await.0, StatusCode::REQUEST_TIMEOUT);
@@ -1269,7 +1318,7 @@ mod tests {
         let m = &f.ingest.sessions().sink().metrics;
         for (reason, n) in [
             (RejectReason::BadVersion, 3),
-            (RejectReason::BadHello, 2),
+            (RejectReason::BadHello, 4),
             (RejectReason::NoCredentials, 1),
             (RejectReason::WrongNode, 1),
             (RejectReason::HelloTimeout, 1),
@@ -1279,6 +1328,84 @@ mod tests {
         }
         assert!(f.metadata.nodes().is_empty(), "nothing was claimed");
         assert_eq!(f.api.token_reviews(), 1, "reviews are cached");
+    }
+
+    /// Feeds `bytes` to `tx` one byte every 100 ms.
+    fn trickle(tx: mpsc::Sender<Bytes>, bytes: Bytes) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            for i in 0..bytes.len() {
+                if tx.send(bytes.slice(i..=i)).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // Then keep the body open.
+            tx.closed().await;
+        })
+    }
+
+    #[tokio::test]
+    async fn trickled_frames_do_not_keep_a_stream_open() {
+        let limit = Duration::from_secs(1);
+        let f = fixture(Settings {
+            hello_timeout: limit,
+            idle_timeout: limit,
+            ..Settings::new(10, Duration::from_secs(10))
+        })
+        .await;
+        let v = Some("1.0");
+        let t = Some("node-a-token");
+        let bounded = |took: Duration, what: &str| {
+            eprintln!("{what}: ended after {took:?} (limit {limit:?})");
+            assert!(
+                took >= limit.mul_f32(0.9) && took < limit + Duration::from_secs(4),
+                "{what}: ended after {took:?}, the limit is {limit:?}"
+            );
+        };
+
+        // A Hello trickled byte by byte (about 10 s of it): 408 when the Hello's time is up.
+        let started = std::time::Instant::now();
+        let (tx, rx) = mpsc::channel(16);
+        let feeding = trickle(tx, frame(&hello("node-a")));
+        let req = Request::post(STREAM_PATH)
+            .header(VERSION_HEADER, "1.0")
+            .header(header::AUTHORIZATION, "Bearer node-a-token")
+            .body(ChannelBody(rx))
+            .expect("request");
+        let (code, message) = error_of(f.ingest.handle(req, &peer()).await).await;
+        assert_eq!(code, StatusCode::REQUEST_TIMEOUT, "{message}");
+        bounded(started.elapsed(), "a trickled Hello");
+        feeding.abort();
+
+        // After the Hello, an Update trickled byte by byte: the idle timeout counts whole
+        // messages, not bytes, so the stream ends on time, saying why.
+        let (r, tx) = open(&f, STREAM_PATH, v, t, &[hello("node-a")]).await;
+        let started = std::time::Instant::now();
+        assert_eq!(r.status(), StatusCode::OK);
+        let t1 = now();
+        let update = frame(&AgentMessage::Update(Update {
+            sent_at: UnixNanos(t1),
+            node: node_sample(t1),
+            upserts: vec![],
+            removed: vec![],
+            counters: vec![counters("u-web", t1)],
+        }));
+        assert!(update.len() > 50, "long enough to outlast the timeout");
+        let feeding = trickle(tx, update);
+        let mut body = r.into_body();
+        let mut decoder = Decoder::new();
+        assert_eq!(
+            next(&mut body, &mut decoder).await,
+            Some(ServerMessage::Welcome { version: VERSION })
+        );
+        assert_eq!(
+            next(&mut body, &mut decoder).await,
+            Some(ServerMessage::Error {
+                message: format!("no message for {limit:?}; closing the stream")
+            })
+        );
+        bounded(started.elapsed(), "an Update trickled after the Hello");
+        feeding.abort();
     }
 
     #[tokio::test]

@@ -17,6 +17,8 @@ pub mod app;
 pub mod auth;
 pub mod config;
 pub mod feed;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod health;
 pub mod ingest;
 pub mod metadata;

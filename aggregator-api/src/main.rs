@@ -173,21 +173,21 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         let _ = rx.wait_for(|s| *s).await;
     };
     tokio::join!(
-        serve::serve(
-            listener,
-            server_config.clone(),
-            app,
-            serve::Limits::default(),
-            {
-                let signal = signalled(stopped.clone());
-                async move {
-                    signal.await;
-                    // Watches never end by themselves: end them so that the drain can finish.
-                    watches.shutdown();
-                }
-            },
+        serve::serve(listener, server_config.clone(), app, cfg.serve_limits(), {
+            let signal = signalled(stopped.clone());
+            async move {
+                signal.await;
+                // Watches never end by themselves: end them so that the drain can finish.
+                watches.shutdown();
+            }
+        },),
+        ingest::serve(
+            ingest_listener,
+            server_config,
+            agents,
+            cfg.serve_limits(),
+            signalled(stopped)
         ),
-        ingest::serve(ingest_listener, server_config, agents, signalled(stopped)),
     );
     tracing::info!("stopped");
     Ok(())

@@ -1940,6 +1940,67 @@ mod tests {
         assert_eq!(s.housekeep(), 0);
     }
 
+    /// What an agent sends around a step of its node's wall clock (`kpulse_agent::clock`):
+    /// timestamps advance with the boot clock, and at the step every timestamp, every
+    /// container's `started_at` and the node's boot instant move by the step. Whatever the
+    /// step, every rate served is the true one or absent for one tick; never bent,
+    /// negative or absurd.
+    #[test]
+    fn a_clock_step_on_the_node_restarts_series_and_never_bends_a_rate() {
+        // True time: the store's clock. The node booted at BOOT; the container started 1 s
+        // after boot and uses half a core; the node uses one core.
+        const BOOT: u64 = T0 - 3600 * S;
+        let truth = |t: u64| (t - BOOT - S) / 2;
+        // (the node's clock error before the step, the step)
+        let cases: [(i64, i64); 4] = [
+            (0, -500 * MS as i64),
+            (30 * S as i64, -30 * S as i64),
+            (0, 3600 * S as i64),
+            (-2 * S as i64, 2 * S as i64),
+        ];
+        for (error, step) in cases {
+            let (s, clock) = store();
+            let shift = |t: u64, by: i64| t.checked_add_signed(by).expect("in range");
+            let agent_batch = |t: u64, offset: i64| {
+                let anchor = shift(BOOT, offset);
+                let mut b = batch(
+                    "n1",
+                    shift(t, offset),
+                    vec![pod(
+                        "p",
+                        vec![cgroup(
+                            started(c(shift(t, offset), truth(t)), anchor + S),
+                            7,
+                        )],
+                    )],
+                );
+                b.node.started_at = Some(UnixNanos(anchor));
+                b.node.cpu = CpuNanos(t - BOOT);
+                b
+            };
+            let mut missing = 0;
+            for tick in 0..10u64 {
+                let t = T0 + tick * S;
+                let offset = if tick < 5 { error } else { error + step };
+                ingest_at(&s, &clock, t, agent_batch(t, offset));
+                match get(&s, "p") {
+                    Some(p) => assert_eq!(
+                        (cpu_of(&p, "c"), p.window),
+                        (NanoCores(S / 2), Duration::from_secs(1)),
+                        "error {error} step {step} tick {tick}"
+                    ),
+                    None => missing += 1,
+                }
+                if let Some(n) = node(&s, "n1") {
+                    assert_eq!(n.cpu, NanoCores(S), "error {error} step {step} tick {tick}");
+                }
+            }
+            // The first tick (no previous point; the start is too old to serve from) and
+            // the tick of the step.
+            assert_eq!(missing, 2, "error {error} step {step}");
+        }
+    }
+
     #[test]
     fn arithmetic_edges_neither_overflow_nor_panic() {
         let base = |t: u64, cpu: u64| Base {

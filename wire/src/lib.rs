@@ -20,9 +20,13 @@
 //!
 //! Every quantity is an integer in a newtype that names its unit ([`CpuNanos`], [`Bytes`],
 //! [`UnixNanos`]); there are no floats. CPU is a cumulative counter, never a rate: the agent
-//! does not divide by anything. Timestamps are wall-clock (`CLOCK_REALTIME`) nanoseconds,
+//! does not divide by anything. Timestamps are wall-clock nanoseconds since the epoch,
 //! because the served metrics carry wall-clock timestamps and the aggregator compares
-//! them with its own clock to expire old data.
+//! them with its own clock to expire old data. The agent takes them from a timeline that
+//! advances with `CLOCK_BOOTTIME` (`kpulse_agent::clock`), so that the difference between
+//! two timestamps of one instance is real elapsed time even when the node's wall clock
+//! steps; at a step it moves every timestamp *and every `started_at`*, so the aggregator
+//! sees new instances rather than a window bent by the step.
 //!
 //! # Instances and restarts
 //!
@@ -41,6 +45,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod stream;
 
 /// Cumulative CPU time in nanoseconds (a counter that only grows within one instance).

@@ -278,10 +278,14 @@ pub fn encode<T: Serialize>(message: &T) -> Result<Vec<u8>, Error> {
 const IDLE_CAPACITY: usize = 4096;
 
 /// Splits a byte stream into messages. Holds at most one frame (plus the bytes of the
-/// chunk being pushed) in memory.
+/// chunk being pushed) in memory. Decoded frames are skipped over, not shifted out one by
+/// one: the consumed bytes are dropped once per [`Decoder::push`], so a chunk full of
+/// small frames costs time linear in its size.
 #[derive(Debug, Default)]
 pub struct Decoder {
     buf: Vec<u8>,
+    /// Bytes of `buf` already decoded.
+    start: usize,
 }
 
 impl Decoder {
@@ -292,6 +296,10 @@ impl Decoder {
 
     /// Adds received bytes.
     pub fn push(&mut self, bytes: &[u8]) {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
         self.buf.extend_from_slice(bytes);
     }
 
@@ -299,27 +307,30 @@ impl Decoder {
     ///
     /// # Errors
     ///
-    /// [`Error::FrameTooLarge`] as soon as a length over the limit is seen (before its
-    /// bytes arrive); [`Error::Malformed`] for a frame that is not a `T`. Either is final:
-    /// the stream cannot be resynchronised.
+    /// [`Error::FrameTooLarge`] as soon as a length prefix over [`MAX_FRAME_BYTES`] is
+    /// seen; [`Error::Malformed`] for a complete frame that is not a message.
     pub fn next_message<T: for<'de> Deserialize<'de>>(&mut self) -> Result<Option<T>, Error> {
-        let Some(prefix) = self.buf.get(..4) else {
+        let pending = &self.buf[self.start..];
+        let Some(prefix) = pending.get(..4) else {
             return Ok(None);
         };
         let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
         if len > MAX_FRAME_BYTES {
             return Err(Error::FrameTooLarge { len });
         }
-        if self.buf.len() < 4 + len {
+        let Some(frame) = pending.get(4..4 + len) else {
             return Ok(None);
-        }
-        let message = serde_json::from_slice(&self.buf[4..4 + len])
-            .map_err(|source| Error::Malformed { source });
-        self.buf.drain(..4 + len);
-        if self.buf.is_empty() && self.buf.capacity() > IDLE_CAPACITY {
-            // Between ticks a stream holds nothing: thousands of idle streams must not each
-            // keep a frame-sized buffer.
-            self.buf = Vec::new();
+        };
+        let message = serde_json::from_slice(frame).map_err(|source| Error::Malformed { source });
+        self.start += 4 + len;
+        if self.start == self.buf.len() {
+            self.start = 0;
+            self.buf.clear();
+            if self.buf.capacity() > IDLE_CAPACITY {
+                // Between ticks a stream holds nothing: thousands of idle streams must not
+                // each keep a frame-sized buffer.
+                self.buf = Vec::new();
+            }
         }
         message.map(Some)
     }
@@ -330,18 +341,15 @@ impl Decoder {
     ///
     /// [`Error::Truncated`] when a partial frame is left.
     pub fn finish(&self) -> Result<(), Error> {
-        if self.buf.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Truncated {
-                pending: self.buf.len(),
-            })
+        match self.pending() {
+            0 => Ok(()),
+            pending => Err(Error::Truncated { pending }),
         }
     }
 
-    /// Bytes buffered.
+    /// Bytes buffered and not yet decoded.
     pub fn pending(&self) -> usize {
-        self.buf.len()
+        self.buf.len() - self.start
     }
 }
 
@@ -415,6 +423,39 @@ mod tests {
         }
         assert_eq!(got, messages());
         d.finish().expect("nothing left");
+    }
+
+    #[test]
+    fn many_frames_in_one_chunk_and_frames_split_across_chunks() {
+        let one: Vec<u8> = messages()
+            .iter()
+            .flat_map(|m| encode(m).expect("encode"))
+            .collect();
+        // 200 rounds of every message in one chunk, then the same split at odd places.
+        let stream: Vec<u8> = one.iter().copied().cycle().take(one.len() * 200).collect();
+        let want: Vec<AgentMessage> = messages()
+            .into_iter()
+            .cycle()
+            .take(messages().len() * 200)
+            .collect();
+        for chunk in [stream.len(), 7, 1000, 4099] {
+            let mut d = Decoder::new();
+            let mut got = Vec::new();
+            for c in stream.chunks(chunk) {
+                d.push(c);
+                while let Some(m) = d.next_message::<AgentMessage>().expect("decode") {
+                    got.push(m);
+                }
+                assert!(
+                    d.pending() < one.len(),
+                    "only a partial frame stays pending"
+                );
+            }
+            assert_eq!(got.len(), want.len(), "chunks of {chunk}");
+            assert!(got == want, "chunks of {chunk}");
+            assert_eq!(d.pending(), 0);
+            d.finish().expect("nothing left");
+        }
     }
 
     #[test]

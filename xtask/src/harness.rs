@@ -334,6 +334,8 @@ impl Server {
             "--agent-client-ca-file",
             &path(agents_ca),
             "--authentication-skip-lookup",
+            // Every simulated agent connects from 127.0.0.1.
+            "--max-connections-per-ip=0",
         ]
         .map(String::from)
         .to_vec();

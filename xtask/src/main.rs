@@ -1,6 +1,6 @@
 //! Project chores, as `cargo xtask <command>`: a local demo, build the eBPF programs, run
-//! the tests (on this host and in qemu VMs), benchmarks, the TLS material of `deploy/`. Not shipped;
-//! not a library.
+//! the tests (on this host and in qemu VMs), fuzzing, benchmarks, the TLS material of
+//! `deploy/`. Not shipped; not a library.
 
 mod bench_ingest;
 mod bench_restart;
@@ -8,6 +8,7 @@ mod build_ebpf;
 mod certs;
 mod demo;
 mod exec;
+mod fuzz;
 mod harness;
 mod soak;
 mod test;
@@ -35,6 +36,8 @@ enum Command {
     Certs(certs::Options),
     /// Run the agent and the aggregator-api here, with demo pods, and watch `kubectl top`.
     Demo(demo::Options),
+    /// Run the cargo-fuzz targets of fuzz/ (nightly) and report; fails on a crash.
+    Fuzz(fuzz::Options),
     /// Long run under agents and readers: end-to-end count, errors, RSS drift; pass/fail.
     Soak(soak::Options),
     /// Run every test: lints, host tests, accuracy on this kernel and in qemu VMs.
@@ -51,6 +54,7 @@ fn main() -> Result<()> {
         Command::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
         Command::Certs(opts) => certs::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
+        Command::Fuzz(opts) => fuzz::run(&opts),
         Command::Soak(opts) => soak::run(&opts),
         Command::Test(opts) => test::run(&opts),
         Command::Vm(opts) => vm::run(&opts),

@@ -4,6 +4,10 @@
 
 #![allow(dead_code)]
 
+pub mod agent;
+pub mod bpf;
+pub mod workload;
+
 use std::{
     path::{Path, PathBuf},
     process::Child,
@@ -85,6 +89,161 @@ impl TestCgroups {
                 .unwrap_or_else(|e| panic!("move {pid} into {}: {e}", f.display()));
         }
     }
+}
+
+impl TestCgroups {
+    /// Creates child `kid` of `parent` in every hierarchy (as [`TestCgroups::create`] did
+    /// for the first ones); removed on drop unless [`TestCgroups::remove_kid`] did it.
+    pub fn add_kid(&mut self, layout: &Layout, parent: &str, kid: &str) -> std::io::Result<()> {
+        for m in mounts(layout) {
+            let c = m.join(parent).join(kid);
+            std::fs::create_dir(&c)?;
+            self.dirs.push(c);
+        }
+        Ok(())
+    }
+
+    /// Removes child `kid` (every hierarchy); false if a directory is still busy.
+    pub fn remove_kid(&mut self, kid: &str) -> bool {
+        let mut all = true;
+        let dirs: Vec<PathBuf> = self
+            .dirs
+            .iter()
+            .filter(|d| d.file_name().is_some_and(|n| n == kid))
+            .cloned()
+            .collect();
+        for d in dirs {
+            match std::fs::remove_dir(&d) {
+                Ok(()) => self.dirs.retain(|x| x != &d),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.dirs.retain(|x| x != &d),
+                Err(_) => all = false,
+            }
+        }
+        all
+    }
+
+    /// Starts `exe workload <kind> <args...> <cgroup.procs files of kid...>` and keeps it,
+    /// to be killed on drop. With `wait_ready`, returns once it printed `ready`.
+    pub fn spawn_workload(
+        &mut self,
+        kind: &str,
+        args: &[&str],
+        kid: &str,
+        wait_ready: bool,
+    ) -> u32 {
+        use std::io::BufRead;
+        let exe = std::env::current_exe().expect("current_exe");
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("workload").arg(kind).args(args);
+        for f in self.procs_files(kid) {
+            cmd.arg(f);
+        }
+        cmd.stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .stdout(if wait_ready {
+                std::process::Stdio::piped()
+            } else {
+                std::process::Stdio::null()
+            });
+        let mut child = cmd.spawn().expect("spawn workload");
+        let pid = child.id();
+        let stdout = child.stdout.take();
+        self.children.push(child);
+        if let Some(out) = stdout {
+            let mut line = String::new();
+            std::io::BufReader::new(out)
+                .read_line(&mut line)
+                .expect("workload ready line");
+            assert_eq!(line.trim(), "ready", "workload {kind} did not start");
+        }
+        pid
+    }
+
+    /// Reaps the workloads that have exited; returns their pids.
+    pub fn reap(&mut self) -> Vec<u32> {
+        let mut done = Vec::new();
+        self.children.retain_mut(|c| match c.try_wait() {
+            Ok(Some(_)) => {
+                done.push(c.id());
+                false
+            }
+            _ => true,
+        });
+        done
+    }
+}
+
+/// The mounts whose hierarchies the tests create cgroups in.
+pub fn mounts(layout: &Layout) -> Vec<PathBuf> {
+    match layout {
+        Layout::Unified { mount } => vec![mount.clone()],
+        Layout::Hybrid {
+            unified, memory, ..
+        } => vec![unified.clone(), memory.clone()],
+    }
+}
+
+/// `usage_usec` of the v2 `cpu.stat` of `rel` (relative to the cgroup2 mount), in ns.
+pub fn cpu_stat_ns(layout: &Layout, rel: &str) -> u64 {
+    let p = layout
+        .cpu_mount()
+        .join(rel.trim_start_matches('/'))
+        .join("cpu.stat");
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    text.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("{}: no usage_usec", p.display()))
+        * 1000
+}
+
+/// Outcome lines and exit status of a `harness = false` test made of named checks: runs
+/// `body`, prints `N passed, M failed` like the other suites, and exits non-zero on a
+/// failure. Outside CI, a failed `preflight` skips with its reason; in CI it fails.
+pub fn main_of(
+    name: &str,
+    preflight: impl FnOnce() -> Result<(), String>,
+    body: impl FnOnce() + std::panic::UnwindSafe,
+) {
+    if let Err(reason) = preflight() {
+        if in_ci() {
+            eprintln!("{name}: cannot run in CI: {reason}");
+            println!("0 passed, 1 failed");
+            std::process::exit(1);
+        }
+        println!("{name}: SKIPPED: {reason}");
+        println!("0 passed, 0 failed, 1 skipped");
+        return;
+    }
+    let started = std::time::Instant::now();
+    match std::panic::catch_unwind(body) {
+        Ok(()) => {
+            println!("{name}: passed in {:.1} s", started.elapsed().as_secs_f64());
+            println!("1 passed, 0 failed");
+        }
+        Err(_) => {
+            println!(
+                "{name}: FAILED after {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            println!("0 passed, 1 failed");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Root, BTF and a loadable eBPF object: what the eBPF fault tests need.
+pub fn ebpf_preflight() -> Result<(), String> {
+    if !is_root() {
+        return Err("needs root (creates cgroups, loads eBPF)".into());
+    }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Err("kernel has no BTF".into());
+    }
+    let bytes = kpulse_agent::probe::object_bytes(None).map_err(|e| e.to_string())?;
+    kpulse_agent::probe::CgroupIter::load(&bytes, 8)
+        .map(drop)
+        .map_err(|e| format!("eBPF cannot load here: {e}"))
 }
 
 impl Drop for TestCgroups {

@@ -34,9 +34,13 @@
 //! # Bounds
 //!
 //! * At most [`Settings::max_watchers`] watches at once; more get `429 TooManyRequests`.
-//! * Each watcher queues at most [`Settings::buffer`] looks' worth of events. A client that
-//!   does not read for that long is dropped (its stream ends; clients re-watch), so a stuck
-//!   client never makes the server's memory grow.
+//! * Each watcher queues at most [`Settings::buffer`] looks' worth of events, and at most
+//!   [`Settings::max_queued_bytes`] bytes; all watchers together at most
+//!   [`Settings::max_total_queued_bytes`]. A watcher whose next look would pass a limit
+//!   while it has not taken the previous one yet is dropped (its stream ends; clients
+//!   re-watch), so a stuck client never makes the server's memory grow, whatever the size
+//!   of its selection. A watcher with an empty queue always gets its look (a reading
+//!   client takes it at once), so a big selection alone is not a reason to drop anyone.
 //! * A watch ends after `timeoutSeconds`, or, without it, after a random time between
 //!   [`Settings::min_request_timeout`] and twice that (the apiserver's rule, which spreads
 //!   re-watches out); it also ends when the server shuts down ([`Hub::shutdown`]).
@@ -65,7 +69,7 @@ use super::{
 };
 use crate::{
     metadata::MetadataSource,
-    serve::{Body, ChannelBody},
+    serve::Body,
     store::{Clock, Store},
 };
 
@@ -84,6 +88,10 @@ pub struct Settings {
     pub min_request_timeout: Duration,
     /// Watches open at once.
     pub max_watchers: usize,
+    /// Bytes one watcher may have queued (see the module docs).
+    pub max_queued_bytes: usize,
+    /// Bytes all watchers together may have queued (see the module docs).
+    pub max_total_queued_bytes: usize,
 }
 
 impl Default for Settings {
@@ -93,6 +101,8 @@ impl Default for Settings {
             buffer: 16,
             min_request_timeout: Duration::from_secs(1800),
             max_watchers: 1024,
+            max_queued_bytes: 16 << 20,
+            max_total_queued_bytes: 256 << 20,
         }
     }
 }
@@ -104,6 +114,8 @@ pub struct Hub {
     shutdown: tokio::sync::watch::Sender<bool>,
     active: AtomicUsize,
     dropped_slow: AtomicU64,
+    /// Bytes queued by all watchers, not yet taken by hyper.
+    queued_bytes: AtomicUsize,
 }
 
 impl Hub {
@@ -115,6 +127,7 @@ impl Hub {
             shutdown,
             active: AtomicUsize::new(0),
             dropped_slow: AtomicU64::new(0),
+            queued_bytes: AtomicUsize::new(0),
         })
     }
 
@@ -132,6 +145,11 @@ impl Hub {
     /// Watches ended because their client stopped reading.
     pub fn dropped_slow(&self) -> u64 {
         self.dropped_slow.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of events queued by all watchers, not yet taken by the connections.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_bytes.load(Ordering::Relaxed)
     }
 
     fn acquire(self: &Arc<Hub>) -> Option<Slot> {
@@ -236,6 +254,14 @@ pub(super) fn start<C: Clock + 'static>(
         _ => "application/json",
     };
     let (tx, rx) = mpsc::channel(hub.settings.buffer.max(1));
+    let queue = Arc::new(Queue {
+        hub: hub.clone(),
+        bytes: parking_lot::Mutex::new(0),
+    });
+    let tx = Sender {
+        tx,
+        queue: queue.clone(),
+    };
     let store = store.clone();
     let metadata = metadata.clone();
     let api = api.clone();
@@ -254,7 +280,7 @@ pub(super) fn start<C: Clock + 'static>(
                 .collect()
         })),
     };
-    let mut response = Response::new(ChannelBody(rx).boxed());
+    let mut response = Response::new(WatchBody { rx, queue }.boxed());
     *response.status_mut() = StatusCode::OK;
     response
         .headers_mut()
@@ -275,7 +301,7 @@ struct Plan {
 async fn run<T: Watched>(
     slot: Slot,
     mut plan: Plan,
-    tx: mpsc::Sender<Bytes>,
+    tx: Sender,
     list: impl Fn(SystemTime) -> Vec<T> + Send + 'static,
 ) {
     let hub = slot.0.clone();
@@ -288,7 +314,7 @@ async fn run<T: Watched>(
     loop {
         tokio::select! {
             _ = &mut deadline => break,
-            _ = tx.closed() => break,
+            _ = tx.tx.closed() => break,
             r = shutdown.wait_for(|stop| *stop) => {
                 let _ = r;
                 break;
@@ -318,20 +344,122 @@ async fn run<T: Watched>(
         if chunk.is_empty() {
             continue;
         }
-        match tx.try_send(Bytes::from(chunk)) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
+        match tx.send(Bytes::from(chunk)) {
+            Sent::Queued => {}
+            Sent::Slow { looks, bytes } => {
                 hub.dropped_slow.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
-                    queued = hub.settings.buffer,
+                    looks,
+                    bytes,
                     "a watch client stopped reading; ending its watch"
                 );
                 break;
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => break,
+            Sent::Closed => break,
         }
     }
     drop(slot);
+}
+
+/// Bytes one watcher has queued, counted in its hub's total too. The lock orders a
+/// chunk's queueing before its taking, so that the counts never go below zero.
+struct Queue {
+    hub: Arc<Hub>,
+    bytes: parking_lot::Mutex<usize>,
+}
+
+/// The watcher's end of its queue.
+struct Sender {
+    tx: mpsc::Sender<Bytes>,
+    queue: Arc<Queue>,
+}
+
+/// What [`Sender::send`] did.
+enum Sent {
+    Queued,
+    /// Not queued: the client is not reading (`looks` and `bytes` queued).
+    Slow {
+        looks: usize,
+        bytes: usize,
+    },
+    /// The client is gone.
+    Closed,
+}
+
+impl Sender {
+    /// Queues `chunk` unless a limit says the client stopped reading (see the module docs).
+    fn send(&self, chunk: Bytes) -> Sent {
+        let hub = &self.queue.hub;
+        let len = chunk.len();
+        let mut bytes = self.queue.bytes.lock();
+        let looks = self.tx.max_capacity() - self.tx.capacity();
+        let over = bytes.saturating_add(len) > hub.settings.max_queued_bytes
+            || hub.queued_bytes().saturating_add(len) > hub.settings.max_total_queued_bytes;
+        if *bytes > 0 && over {
+            return Sent::Slow {
+                looks,
+                bytes: *bytes,
+            };
+        }
+        match self.tx.try_send(chunk) {
+            Ok(()) => {
+                *bytes += len;
+                hub.queued_bytes.fetch_add(len, Ordering::Relaxed);
+                Sent::Queued
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => Sent::Slow {
+                looks,
+                bytes: *bytes,
+            },
+            Err(mpsc::error::TrySendError::Closed(_)) => Sent::Closed,
+        }
+    }
+}
+
+/// The response body: the queue's chunks, each uncounted as hyper takes it; what is left
+/// when the body is dropped is uncounted then.
+struct WatchBody {
+    rx: mpsc::Receiver<Bytes>,
+    queue: Arc<Queue>,
+}
+
+impl hyper::body::Body for WatchBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        self.rx.poll_recv(cx).map(|chunk| {
+            chunk.map(|c| {
+                self.queue.taken(c.len());
+                Ok(hyper::body::Frame::data(c))
+            })
+        })
+    }
+}
+
+impl Queue {
+    fn taken(&self, len: usize) {
+        let mut bytes = self.bytes.lock();
+        let len = len.min(*bytes);
+        *bytes -= len;
+        self.hub.queued_bytes.fetch_sub(len, Ordering::Relaxed);
+    }
+}
+
+impl Drop for WatchBody {
+    fn drop(&mut self) {
+        // No more chunks can be queued (the receiver is gone); those still queued go now.
+        self.rx.close();
+        let mut bytes = self.queue.bytes.lock();
+        self.queue
+            .hub
+            .queued_bytes
+            .fetch_sub(*bytes, Ordering::Relaxed);
+        *bytes = 0;
+    }
 }
 
 /// What changed between two looks.
@@ -944,6 +1072,63 @@ mod tests {
         }
         assert_eq!(f.ctx.watch.dropped_slow(), 1);
         assert_eq!(f.ctx.watch.active(), 0);
+    }
+
+    #[tokio::test]
+    async fn queued_bytes_are_bounded_per_watcher_and_in_all() {
+        let target = "/apis/metrics.k8s.io/v1beta1/nodes?watch=true";
+        // Advances the data until `f`'s hub dropped a watcher or `looks` passed.
+        async fn advance(f: &Fixture, looks: u64, mut read: Option<&mut Body>) {
+            for i in 2..2 + looks {
+                f.ctx
+                    .store
+                    .ingest(batch(T0 + i * SECOND, &[]))
+                    .expect("ingest");
+                f.clock.set(UnixNanos(T0 + i * SECOND));
+                if let Some(body) = read.as_mut() {
+                    chunk(body).await.expect("a look");
+                } else {
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                }
+                if f.ctx.watch.dropped_slow() > 0 {
+                    return;
+                }
+            }
+        }
+        for settings in [
+            // One byte per watcher: one look queued at most.
+            Settings {
+                max_queued_bytes: 1,
+                ..fast()
+            },
+            // One byte in all: likewise, for a single watcher.
+            Settings {
+                max_total_queued_bytes: 1,
+                ..fast()
+            },
+        ] {
+            // A client that reads is never dropped, however large its looks.
+            let f = fixture(settings.clone());
+            let mut body = open(&f, target, None).into_body();
+            chunk(&mut body).await.expect("initial");
+            advance(&f, 10, Some(&mut body)).await;
+            assert_eq!(f.ctx.watch.dropped_slow(), 0, "{settings:?}");
+            drop(body);
+
+            // One that does not read is dropped at its second look, long before 16.
+            let f = fixture(settings.clone());
+            let unread = open(&f, target, None);
+            advance(&f, 10, None).await;
+            assert_eq!(f.ctx.watch.dropped_slow(), 1, "{settings:?}");
+            assert!(f.ctx.watch.queued_bytes() > 0, "its look is still queued");
+            drop(unread);
+            assert_eq!(f.ctx.watch.queued_bytes(), 0, "uncounted with its body");
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while f.ctx.watch.active() > 0 {
+                assert!(tokio::time::Instant::now() < deadline, "watch still active");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
     }
 
     #[test]

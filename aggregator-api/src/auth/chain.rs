@@ -47,6 +47,10 @@ pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
 /// The extra key naming the credential a user authenticated with.
 pub const CREDENTIAL_ID_KEY: &str = "authentication.kubernetes.io/credential-id";
 
+/// The 401 message when a bearer token could not be reviewed ([`Unauthenticated::status`]).
+pub const API_UNAVAILABLE_MESSAGE: &str = "Unauthorized: the bearer token could not be verified \
+     (the Kubernetes API did not answer the TokenReview); retry later";
+
 /// Whether requests without credentials are served as `system:anonymous`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Anonymous {
@@ -144,9 +148,15 @@ pub struct Unauthenticated {
 }
 
 impl Unauthenticated {
-    /// The 401 body the apiserver sends, whatever the cause.
+    /// The 401 body: the apiserver's (`Unauthorized`, whatever the cause), except when the
+    /// Kubernetes API could not review a token — then the client is told to retry, as
+    /// its credentials may well be good.
     pub fn status(&self) -> Status {
-        Status::unauthorized("Unauthorized")
+        if self.api_unavailable() {
+            Status::unauthorized(API_UNAVAILABLE_MESSAGE)
+        } else {
+            Status::unauthorized("Unauthorized")
+        }
     }
 
     /// Whether a TokenReview could not be had at all (the API unreachable, erring or too
@@ -594,6 +604,10 @@ mod tests {
             [Refusal::Token(AuthnFailure::Review { .. })]
         ));
         assert!(!e.to_string().contains("good-uma"));
+        let status = e.status().0;
+        assert_eq!(status.code, Some(401));
+        assert_eq!(status.reason.as_deref(), Some("Unauthorized"));
+        assert_eq!(status.message.as_deref(), Some(API_UNAVAILABLE_MESSAGE));
     }
 
     #[test]

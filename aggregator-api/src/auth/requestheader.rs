@@ -59,9 +59,17 @@ pub fn authenticate(
             return Err(AuthnError::ProxyNotAllowed { cn });
         }
     }
-    let Some(name) = first_value(headers, &cfg.username_headers) else {
-        return Ok(Outcome::NoUser);
-    };
+    Ok(match user(cfg, headers) {
+        Some(user) => Outcome::User(user),
+        None => Outcome::NoUser,
+    })
+}
+
+/// The user the headers name, once the client is known to be the front proxy: the first
+/// non-empty username header, the first non-empty uid header, every non-empty group, and the
+/// extras (`<prefix><key>`, keys lower-cased and percent-decoded); `None` without a user name.
+pub fn user(cfg: &Config, headers: &HeaderMap) -> Option<UserInfo> {
+    let name = first_value(headers, &cfg.username_headers)?;
     let uid = first_value(headers, &cfg.uid_headers);
     let groups = all_values(headers, &cfg.group_headers);
     let mut extra = std::collections::BTreeMap::<String, Vec<String>>::new();
@@ -79,12 +87,12 @@ pub fn authenticate(
             }
         }
     }
-    Ok(Outcome::User(UserInfo {
+    Some(UserInfo {
         name,
         uid,
         groups,
         extra,
-    }))
+    })
 }
 
 /// Removes every header the front proxy uses to name users, so that no handler can
@@ -136,29 +144,39 @@ fn all_values(headers: &HeaderMap, names: &[String]) -> Vec<String> {
 }
 
 /// Extra keys are lower-cased and percent-decoded (`X-Remote-Extra-Foo%2fBar` → `foo/bar`);
-/// a key that does not decode is kept as it is.
+/// a key that does not decode (Go's `url.PathUnescape` fails: a `%` not followed by two hex
+/// digits) is kept as it is.
 fn unescape_key(raw: &str) -> String {
     let b = raw.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%' {
-            let hex = b
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok());
-            match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                Some(v) => {
-                    out.push(v);
+            // Exactly two hex digits: `u8::from_str_radix` alone would also take a sign
+            // (`%+f`).
+            match b.get(i + 1..i + 3) {
+                Some(&[hi, lo]) if hi.is_ascii_hexdigit() && lo.is_ascii_hexdigit() => {
+                    out.push(hex_value(hi) << 4 | hex_value(lo));
                     i += 3;
                     continue;
                 }
-                None => return raw.to_string(),
+                _ => return raw.to_string(),
             }
         }
         out.push(b[i]);
         i += 1;
     }
     String::from_utf8(out).unwrap_or_else(|_| raw.to_string())
+}
+
+/// The value of an ASCII hex digit (0 for anything else).
+fn hex_value(digit: u8) -> u8 {
+    match digit {
+        b'0'..=b'9' => digit - b'0',
+        b'a'..=b'f' => digit - b'a' + 10,
+        b'A'..=b'F' => digit - b'A' + 10,
+        _ => 0,
+    }
 }
 
 #[cfg(test)]
@@ -278,5 +296,26 @@ mod tests {
         assert_eq!(unescape_key("bad%zz"), "bad%zz");
         assert_eq!(unescape_key("trailing%2"), "trailing%2");
         assert_eq!(unescape_key("%e2%82%ac"), "€");
+        assert_eq!(unescape_key("%2F%2f"), "//");
+        assert_eq!(unescape_key("%ff"), "%ff");
+    }
+
+    /// Found by fuzzing (`fuzz/regressions/request_header/extra-key-escape-with-plus-sign`):
+    /// `u8::from_str_radix` accepts a leading `+`, so `%+a` decoded to a newline where Go's
+    /// `url.PathUnescape` refuses the escape and the key stays as sent.
+    #[test]
+    fn a_sign_is_not_a_hex_digit() {
+        assert_eq!(unescape_key("%+a"), "%+a");
+        assert_eq!(unescape_key("k%+1"), "k%+1");
+        assert_eq!(unescape_key("%-1"), "%-1");
+        assert_eq!(unescape_key("%2f%+f"), "%2f%+f");
+        let ca = TestCa::new("front-proxy-ca");
+        let c = cfg(&ca, &[]);
+        let chain = [ca.client("front-proxy-client", &[])];
+        let h = headers(&[("X-Remote-User", "u"), ("X-Remote-Extra-%+1", "v")]);
+        let Ok(Outcome::User(u)) = authenticate(&c, Some(&chain), &h) else {
+            panic!("expected a user");
+        };
+        assert_eq!(u.extra.keys().collect::<Vec<_>>(), ["%+1"]);
     }
 }

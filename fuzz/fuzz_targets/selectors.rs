@@ -1,0 +1,4 @@
+//! `selectors`: see `kpulse_aggregator_api::fuzzing::selectors` for the input layout and the invariants.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kpulse_aggregator_api::fuzzing::selectors(data));

@@ -1,6 +1,6 @@
 //! Loading and driving the eBPF programs. The only module with `unsafe` (raw `bpf(2)`
 //! calls for what aya 0.14 does not expose: cgroup iterator links with options, link
-//! information, freezing maps).
+//! information, freezing maps; and two libc queries, [`clock_nanos`] and [`heap_in_use`]).
 //!
 //! Guarding against other processes (see docs/design/collection.md, "Faults"): the records
 //! map and the walk counters are frozen (no user-space writes, by anyone); each walk checks
@@ -513,6 +513,24 @@ pub fn clock_nanos(clock: ClockId) -> Option<u128> {
         return None;
     }
     Some(u128::try_from(ts.tv_sec).ok()? * 1_000_000_000 + u128::try_from(ts.tv_nsec).ok()?)
+}
+
+/// Bytes of heap the process has allocated and not freed (glibc's `mallinfo2`: `uordblks`
+/// over every arena plus `hblkhd`, the blocks served by `mmap`), unlike the resident size,
+/// which keeps what the allocator retains after a peak. `None` where the C library is not
+/// glibc. It locks each arena in turn: call it at scrape time, not per allocation.
+#[cfg(target_env = "gnu")]
+pub fn heap_in_use() -> Option<u64> {
+    // SAFETY: mallinfo2 takes no arguments and returns a plain struct by value (glibc ≥ 2.33;
+    // the agent's runtime is Debian 12's 2.36).
+    let info = unsafe { libc::mallinfo2() };
+    u64::try_from(info.uordblks.saturating_add(info.hblkhd)).ok()
+}
+
+/// See the glibc version: `None` here.
+#[cfg(not(target_env = "gnu"))]
+pub fn heap_in_use() -> Option<u64> {
+    None
 }
 
 /// The wall-clock instant of boot, to the nanosecond: `CLOCK_REALTIME − CLOCK_BOOTTIME`

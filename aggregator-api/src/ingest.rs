@@ -893,12 +893,14 @@ impl hyper::body::Body for ServerBody {
 }
 
 /// Serves the ingest port until `shutdown` resolves; then ends every stream and drains.
-/// `limits` are the flags' serving limits ([`Settings::serve_limits`] applies).
+/// `limits` are the flags' serving limits ([`Settings::serve_limits`] applies); connections
+/// are counted in `stats`.
 pub async fn serve<C: Clock + 'static>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     ingest: Arc<Ingest<C>>,
     limits: serve::Limits,
+    stats: Arc<serve::ConnectionStats>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let limits = ingest.settings.serve_limits(limits);
@@ -911,6 +913,7 @@ pub async fn serve<C: Clock + 'static>(
         listener,
         tls,
         limits,
+        stats,
         async move {
             shutdown.await;
             // Streams never end by themselves: end them so that the drain can finish.

@@ -137,10 +137,16 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             min_request_timeout: cfg.min_request_timeout,
             ..Default::default()
         });
+    let api_connections = serve::ConnectionStats::new();
+    let agent_connections = serve::ConnectionStats::new();
     let metrics = Arc::new(
         selfmetrics::SelfMetrics::with_store(&store)
             .with_watches(watches.clone())
-            .with_ingest(&ingest_metrics),
+            .with_ingest(&ingest_metrics)
+            .with_connections(vec![
+                ("api", api_connections.clone()),
+                ("agents", agent_connections.clone()),
+            ]),
     );
     let app = Arc::new(App {
         health: HealthChecks {
@@ -173,19 +179,27 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         let _ = rx.wait_for(|s| *s).await;
     };
     tokio::join!(
-        serve::serve(listener, server_config.clone(), app, cfg.serve_limits(), {
-            let signal = signalled(stopped.clone());
-            async move {
-                signal.await;
-                // Watches never end by themselves: end them so that the drain can finish.
-                watches.shutdown();
-            }
-        },),
+        serve::serve(
+            listener,
+            server_config.clone(),
+            app,
+            cfg.serve_limits(),
+            api_connections,
+            {
+                let signal = signalled(stopped.clone());
+                async move {
+                    signal.await;
+                    // Watches never end by themselves: end them so that the drain can finish.
+                    watches.shutdown();
+                }
+            },
+        ),
         ingest::serve(
             ingest_listener,
             server_config,
             agents,
             cfg.serve_limits(),
+            agent_connections,
             signalled(stopped)
         ),
     );

@@ -15,6 +15,8 @@
 //! | `kpulse_aggregator_ingest_rejected_total` | counter | `reason` ([`RejectReason`]) |
 //! | `kpulse_aggregator_ingest_unknown_uid_counters_dropped_total` | counter | none |
 //! | `kpulse_aggregator_ingest_sessions_replaced_total` | counter | none |
+//! | `kpulse_aggregator_connections` | gauge, read at scrape | `port` (`api`, `agents`) |
+//! | `kpulse_aggregator_connections_closed_total` | counter, read at scrape | `port`, `reason` ([`Closed`]) |
 //!
 //! # Requests
 //!
@@ -63,6 +65,16 @@
 //! SubjectAccessReview for the non-resource `get /metrics` (`app.rs`), unless the operator
 //! lists it in `--authorization-always-allow-paths` (authentication is still needed then).
 //!
+//! # Connections
+//!
+//! For each port, the connections open now (TLS handshakes in progress included) and those
+//! the server ended itself, by reason: refused by `--max-connections-per-ip`, a failed or
+//! timed-out TLS handshake, no first request in time, idle. Read from the ports'
+//! [`ConnectionStats`] at each scrape; every reason is present from the start at 0. A
+//! growing `per_ip_limit` count means one address (a proxy, a NAT, a misbehaving client)
+//! holds as many connections as the flag allows; `tls_failed` after a certificate rotation
+//! means clients that do not trust the new serving certificate.
+//!
 //! Liveness (`/livez`, `metric-collection-timely`) is in [`crate::health::Heartbeat`].
 
 use std::{fmt, sync::Arc, time::Duration};
@@ -82,6 +94,7 @@ use prometheus_client::{
 use crate::{
     api::request::RequestInfo,
     ingest::RejectReason,
+    serve::{Closed, ConnectionStats},
     store::{Clock, Store},
 };
 
@@ -315,6 +328,16 @@ impl SelfMetrics {
     pub fn with_watches(mut self, hub: Arc<crate::api::watch::Hub>) -> SelfMetrics {
         self.registry
             .register_collector(Box::new(WatchCollector { hub }));
+        self
+    }
+
+    /// Adds the connection counts of each `(port label, stats)`, read at every scrape.
+    pub fn with_connections(
+        mut self,
+        ports: Vec<(&'static str, Arc<ConnectionStats>)>,
+    ) -> SelfMetrics {
+        self.registry
+            .register_collector(Box::new(ConnectionCollector { ports }));
         self
     }
 
@@ -577,6 +600,59 @@ impl Collector for WatchCollector {
             dropped.metric_type(),
         )?;
         dropped.encode(metric)
+    }
+}
+
+/// The label of `kpulse_aggregator_connections`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PortLabel {
+    port: &'static str,
+}
+
+/// The labels of `kpulse_aggregator_connections_closed_total`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ClosedLabels {
+    port: &'static str,
+    reason: &'static str,
+}
+
+/// The ports' [`ConnectionStats`] at each scrape.
+#[derive(Debug)]
+struct ConnectionCollector {
+    ports: Vec<(&'static str, Arc<ConnectionStats>)>,
+}
+
+impl Collector for ConnectionCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
+        let mut open = encoder.encode_descriptor(
+            "kpulse_aggregator_connections",
+            "Connections open, TLS handshakes in progress included, by port",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (port, stats) in &self.ports {
+            let labels = PortLabel { port };
+            let value = i64::try_from(stats.open()).unwrap_or(i64::MAX);
+            ConstGauge::new(value).encode(open.encode_family(&labels)?)?;
+        }
+        let mut closed = encoder.encode_descriptor(
+            "kpulse_aggregator_connections_closed",
+            "Connections the server ended itself, by port and reason (per-IP limit, TLS \
+             handshake failed or timed out, no first request in time, idle)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (port, stats) in &self.ports {
+            for why in Closed::ALL {
+                let labels = ClosedLabels {
+                    port,
+                    reason: why.as_str(),
+                };
+                prometheus_client::metrics::counter::ConstCounter::new(stats.closed(why))
+                    .encode(closed.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -975,6 +1051,50 @@ mod tests {
             text.contains("\nkpulse_aggregator_watches_dropped_slow_total 0\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn connection_numbers_are_read_at_scrape_per_port() {
+        let api = ConnectionStats::new();
+        let agents = ConnectionStats::new();
+        let m = SelfMetrics::new()
+            .with_connections(vec![("api", api.clone()), ("agents", agents.clone())]);
+        let text = m.encode().expect("encode");
+        for port in ["api", "agents"] {
+            assert!(
+                text.contains(&format!(
+                    "\nkpulse_aggregator_connections{{port=\"{port}\"}} 0\n"
+                )),
+                "{text}"
+            );
+            for why in Closed::ALL {
+                let line = format!(
+                    "\nkpulse_aggregator_connections_closed_total{{port=\"{port}\",reason=\"{}\"}} 0\n",
+                    why.as_str()
+                );
+                assert!(text.contains(&line), "{line} missing from\n{text}");
+            }
+        }
+        // One descriptor per metric, whatever the number of ports.
+        assert_eq!(
+            text.matches("# TYPE kpulse_aggregator_connections_closed_total counter")
+                .count(),
+            1,
+            "{text}"
+        );
+        api.count(Closed::PerIpLimit);
+        api.count(Closed::PerIpLimit);
+        agents.count(Closed::TlsFailed);
+        let text = m.encode().expect("encode");
+        assert!(text.contains(
+            "\nkpulse_aggregator_connections_closed_total{port=\"api\",reason=\"per_ip_limit\"} 2\n"
+        ));
+        assert!(text.contains(
+            "\nkpulse_aggregator_connections_closed_total{port=\"agents\",reason=\"tls_failed\"} 1\n"
+        ));
+        assert!(text.contains(
+            "\nkpulse_aggregator_connections_closed_total{port=\"agents\",reason=\"per_ip_limit\"} 0\n"
+        ));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! explicit — connections (in all and per client IP), TLS handshake time, the time to the
 //! first request and between requests, header sizes, concurrent streams, request bodies —
 //! and a graceful drain on shutdown. Routing and answers live in [`Handler`]
-//! implementations; this module knows nothing of metrics.
+//! implementations. What happened to connections is counted in [`ConnectionStats`], plain
+//! counters that `selfmetrics` reads at each scrape; this module knows nothing of metrics.
 //!
 //! # What bounds a client
 //!
@@ -25,7 +26,10 @@ use std::{
     convert::Infallible,
     net::{IpAddr, SocketAddr},
     pin::Pin,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -121,6 +125,89 @@ impl Default for Limits {
     }
 }
 
+/// Why the server ended a connection itself, before or instead of serving it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// Closed at accept: its IP address had [`Limits::max_connections_per_ip`] open.
+    PerIpLimit,
+    /// The TLS handshake failed (not TLS, no shared protocol version or cipher, a client
+    /// certificate whose key the client does not hold, …).
+    TlsFailed,
+    /// The TLS handshake took longer than [`Limits::handshake_timeout`].
+    TlsTimeout,
+    /// No complete first request within [`Limits::header_read_timeout`] of the handshake.
+    NoRequest,
+    /// No request in flight for [`Limits::idle_timeout`] (GOAWAY or close).
+    Idle,
+}
+
+impl Closed {
+    /// Every reason, in the order of [`Closed::as_str`]'s table.
+    pub const ALL: [Closed; 5] = [
+        Closed::PerIpLimit,
+        Closed::TlsFailed,
+        Closed::TlsTimeout,
+        Closed::NoRequest,
+        Closed::Idle,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Closed::PerIpLimit => "per_ip_limit",
+            Closed::TlsFailed => "tls_failed",
+            Closed::TlsTimeout => "tls_timeout",
+            Closed::NoRequest => "no_request",
+            Closed::Idle => "idle",
+        }
+    }
+}
+
+/// One port's connections: open now, and ended by the server for each [`Closed`] reason.
+/// Shared (`Arc`) between [`serve_connections`], which counts, and whoever reports.
+#[derive(Debug, Default)]
+pub struct ConnectionStats {
+    open: AtomicU64,
+    closed: [AtomicU64; Closed::ALL.len()],
+}
+
+impl ConnectionStats {
+    /// Zeroed counts.
+    pub fn new() -> Arc<ConnectionStats> {
+        Arc::new(ConnectionStats::default())
+    }
+
+    /// Connections accepted and not yet ended (TLS handshakes in progress included).
+    pub fn open(&self) -> u64 {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Connections the server ended for `why`, since it started.
+    pub fn closed(&self, why: Closed) -> u64 {
+        self.closed[why as usize].load(Ordering::Relaxed)
+    }
+
+    /// Counts one connection ended for `why`.
+    pub(crate) fn count(&self, why: Closed) {
+        self.closed[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one connection open until the guard is dropped.
+    fn opened(self: &Arc<Self>) -> OpenConnection {
+        self.open.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(self.clone())
+    }
+}
+
+/// One open connection counted in [`ConnectionStats::open`].
+struct OpenConnection(Arc<ConnectionStats>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Who is on the other end of a connection, as TLS established it.
 #[derive(Clone, Debug)]
 pub struct Peer {
@@ -186,12 +273,13 @@ pub fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
 
 /// Accepts connections on `listener` until `shutdown` resolves, then drains. Request
 /// bodies are read whole, within [`Limits::max_body_bytes`] and [`Limits::body_timeout`],
-/// before `handler` sees them.
+/// before `handler` sees them. Connections are counted in `stats`.
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     handler: Arc<H>,
     limits: Limits,
+    stats: Arc<ConnectionStats>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let body_limits = limits.clone();
@@ -217,18 +305,20 @@ pub async fn serve<H: Handler>(
                 .await
         }
     };
-    serve_connections(listener, tls, limits, shutdown, handle).await;
+    serve_connections(listener, tls, limits, stats, shutdown, handle).await;
 }
 
 /// Accepts connections on `listener` until `shutdown` resolves, then drains (for at most
 /// [`Limits::drain_timeout`]). Each request goes to `handle` with its body unread, so
 /// that a streaming endpoint (the agents' ingest port) reads it as it comes; `handle`
 /// bounds what it reads. [`Limits::max_body_bytes`] and [`Limits::body_timeout`] are not
-/// applied here; every other limit is (see the module docs).
+/// applied here; every other limit is (see the module docs). Connections are counted in
+/// `stats`.
 pub async fn serve_connections<F, Fut>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     limits: Limits,
+    stats: Arc<ConnectionStats>,
     shutdown: impl std::future::Future<Output = ()>,
     handle: F,
 ) where
@@ -264,8 +354,11 @@ pub async fn serve_connections<F, Fut>(
         let Some(ip_slot) = per_ip.claim(addr.ip()) else {
             // Dropping the socket closes it: the client sees the connection end before
             // its TLS handshake.
+            stats.count(Closed::PerIpLimit);
             continue;
         };
+        let open = stats.opened();
+        let stats = stats.clone();
         let acceptor = acceptor.clone();
         let handle = handle.clone();
         let builder = builder.clone();
@@ -274,15 +367,18 @@ pub async fn serve_connections<F, Fut>(
         tokio::spawn(async move {
             let _permit = permit;
             let _ip_slot = ip_slot;
+            let _open = open;
             let tls =
                 match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => {
                         tracing::debug!(%addr, error = %e, "TLS handshake failed");
+                        stats.count(Closed::TlsFailed);
                         return;
                     }
                     Err(_) => {
                         tracing::debug!(%addr, "TLS handshake timed out");
+                        stats.count(Closed::TlsTimeout);
                         return;
                     }
                 };
@@ -311,7 +407,9 @@ pub async fn serve_connections<F, Fut>(
                 }
             });
             let conn = builder.serve_connection(TokioIo::new(tls), service);
-            drive(conn, &activity, stopped, &limits, addr).await;
+            if let Some(why) = drive(conn, &activity, stopped, &limits, addr).await {
+                stats.count(why);
+            }
         });
     }
     drop(listener);
@@ -367,14 +465,16 @@ enum Closing {
 }
 
 /// Drives one connection until it ends, closing it when it sends no first request in
-/// time, when it stays idle, and on shutdown.
+/// time, when it stays idle, and on shutdown. Returns why the server closed it, if it did
+/// so for a [`Closed`] reason.
 async fn drive<C>(
     conn: C,
     activity: &Activity,
     mut stopped: watch::Receiver<bool>,
     limits: &Limits,
     addr: SocketAddr,
-) where
+) -> Option<Closed>
+where
     C: std::future::Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>>
         + GracefulConnection,
 {
@@ -400,7 +500,7 @@ async fn drive<C>(
                 if let Err(e) = r {
                     tracing::debug!(%addr, error = %e, "connection ended with an error");
                 }
-                return;
+                return matches!(closing, Closing::Idle { .. }).then_some(Closed::Idle);
             }
             _ = stopped.wait_for(|s| *s), if !shutting_down => {
                 conn.as_mut().close_gracefully();
@@ -422,7 +522,7 @@ async fn drive<C>(
                                 timeout = ?limits.header_read_timeout,
                                 "no request on a new connection in time; closing it"
                             );
-                            return;
+                            return Some(Closed::NoRequest);
                         }
                         Some((at, Idle::BetweenRequests)) if at <= now => {
                             tracing::debug!(%addr, timeout = ?limits.idle_timeout, "closing an idle connection");
@@ -433,16 +533,16 @@ async fn drive<C>(
                     },
                     Closing::Idle { until } => {
                         if idle && until <= now {
-                            return;
+                            return Some(Closed::Idle);
                         }
                     }
                     Closing::Shutdown { idle_until, drain_until } => {
                         if drain_until <= now {
                             tracing::debug!(%addr, "connection still open after the drain timeout; dropping it");
-                            return;
+                            return None;
                         }
                         if idle && idle_until <= now {
-                            return;
+                            return None;
                         }
                     }
                 }
@@ -783,6 +883,7 @@ mod tests {
             server_config(),
             Arc::new(EchoCn),
             Limits::default(),
+            ConnectionStats::new(),
             async {
                 let _ = stop_rx.await;
             },
@@ -822,6 +923,7 @@ mod tests {
     struct TestServer {
         port: u16,
         gate: Arc<Semaphore>,
+        stats: Arc<ConnectionStats>,
         stop: Option<tokio::sync::oneshot::Sender<()>>,
         task: tokio::task::JoinHandle<()>,
     }
@@ -831,12 +933,14 @@ mod tests {
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let port = listener.local_addr().expect("addr").port();
             let gate = Arc::new(Semaphore::new(0));
+            let stats = ConnectionStats::new();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let task = tokio::spawn(serve(
                 listener,
                 server_config_with(&[b"h2", b"http/1.1"]),
                 Arc::new(Gate(gate.clone())),
                 limits,
+                stats.clone(),
                 async {
                     let _ = stopped.await;
                 },
@@ -844,8 +948,18 @@ mod tests {
             TestServer {
                 port,
                 gate,
+                stats,
                 stop: Some(stop),
                 task,
+            }
+        }
+
+        /// Waits (at most 5 s) until no connection is open: a connection's task, which
+        /// counts why it ended, may finish a moment after the client saw the close.
+        async fn settled(&self) {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while self.stats.open() > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
 
@@ -957,6 +1071,10 @@ mod tests {
             .expect("connect");
         let took = time_to_close(h2, Vec::new()).await;
         assert_closed_after(took, limit, "silent HTTP/2");
+        assert!(
+            server.stats.closed(Closed::NoRequest) >= 1,
+            "the silent connection is counted"
+        );
 
         // HTTP/2: preface, SETTINGS, a HEADERS frame without END_HEADERS, then one
         // CONTINUATION frame after another (a literal header each), never ending.
@@ -1068,6 +1186,9 @@ mod tests {
             .expect("idle connection closed")
             .expect("task");
         assert_closed_after(idle_from.elapsed(), limit, "idle HTTP/2 connection");
+        server.settled().await;
+        assert_eq!(server.stats.closed(Closed::Idle), 1);
+        assert_eq!(server.stats.closed(Closed::NoRequest), 0);
         server.stop().await;
     }
 
@@ -1106,6 +1227,8 @@ mod tests {
             refused.is_err(),
             "a third connection from 127.0.0.1 was served"
         );
+        assert_eq!(server.stats.closed(Closed::PerIpLimit), 1);
+        assert_eq!(server.stats.open(), 2);
         // Another address is not affected.
         let other = connect(server.port, [127, 0, 0, 2], b"h2")
             .await
@@ -1314,6 +1437,46 @@ mod tests {
             String::from_utf8_lossy(&out)
         );
         assert_closed_after(took, limit, "a trickled body");
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn failed_and_slow_tls_handshakes_are_closed_and_counted() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let limit = Duration::from_secs(1);
+        let server = TestServer::start(Limits {
+            handshake_timeout: limit,
+            ..Limits::default()
+        })
+        .await;
+        // Plain HTTP on the TLS port: the handshake fails at once.
+        let mut plain = tokio::net::TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .expect("connect");
+        plain
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut buf))
+            .await
+            .expect("closed in time")
+            .ok();
+        // A client that connects and says nothing: closed at the handshake timeout.
+        let silent = tokio::net::TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .expect("connect");
+        let from = Instant::now();
+        let (mut rd, _wr) = silent.into_split();
+        tokio::time::timeout(Duration::from_secs(10), rd.read_to_end(&mut buf))
+            .await
+            .expect("closed in time")
+            .ok();
+        assert_closed_after(from.elapsed(), limit, "silent TCP connection");
+        server.settled().await;
+        assert_eq!(server.stats.closed(Closed::TlsFailed), 1);
+        assert_eq!(server.stats.closed(Closed::TlsTimeout), 1);
+        assert_eq!(server.stats.open(), 0);
         server.stop().await;
     }
 

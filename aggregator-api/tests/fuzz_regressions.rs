@@ -2,40 +2,16 @@
 //! minimized corpus (`fuzz/corpus/<target>/`) and every input that once crashed
 //! (`fuzz/regressions/<target>/`). See docs/fuzzing.md.
 
-use std::path::{Path, PathBuf};
-
-/// Runs `body` on every file of both directories of `target`; fails naming each input that
-/// panics, or when a directory is missing or empty.
-fn replay(target: &str, body: fn(&[u8])) {
-    let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-    let mut failures = Vec::new();
-    for kind in ["corpus", "regressions"] {
-        let dir = fuzz.join(kind).join(target);
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|entry| entry.expect("directory entry").path())
-            .filter(|p| p.is_file())
-            .collect();
-        files.sort();
-        assert!(!files.is_empty(), "{} holds no inputs", dir.display());
-        for file in files {
-            let data = std::fs::read(&file).expect("read input");
-            if std::panic::catch_unwind(|| body(&data)).is_err() {
-                failures.push(file.display().to_string());
-            }
-        }
-    }
-    assert!(failures.is_empty(), "inputs that fail: {failures:#?}");
-}
+use kpulse_testkit::{fuzz_dir, replay_fuzz_inputs};
 
 #[test]
 fn selectors() {
-    replay("selectors", kpulse_aggregator_api::fuzzing::selectors);
+    replay_fuzz_inputs("selectors", kpulse_aggregator_api::fuzzing::selectors);
 }
 
 #[test]
 fn request_header() {
-    replay(
+    replay_fuzz_inputs(
         "request_header",
         kpulse_aggregator_api::fuzzing::request_header,
     );
@@ -43,7 +19,7 @@ fn request_header() {
 
 #[test]
 fn quantity() {
-    replay("quantity", kpulse_aggregator_api::fuzzing::quantity);
+    replay_fuzz_inputs("quantity", kpulse_aggregator_api::fuzzing::quantity);
 }
 
 /// Writes the seed inputs of `fuzz/corpus/{selectors,request_header,quantity}/`: run with
@@ -52,7 +28,7 @@ fn quantity() {
 #[test]
 #[ignore = "writes seed files into fuzz/corpus"]
 fn write_seeds() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
+    let root = fuzz_dir().join("corpus");
     let write = |target: &str, inputs: &[Vec<u8>]| {
         let dir = root.join(target);
         std::fs::create_dir_all(&dir).expect("mkdir");

@@ -2,35 +2,11 @@
 //! minimized corpus (`fuzz/corpus/<target>/`) and every input that once crashed
 //! (`fuzz/regressions/<target>/`). See docs/fuzzing.md.
 
-use std::path::{Path, PathBuf};
-
-/// Runs `body` on every file of both directories of `target`; fails naming each input that
-/// panics, or when a directory is missing or empty.
-fn replay(target: &str, body: fn(&[u8])) {
-    let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-    let mut failures = Vec::new();
-    for kind in ["corpus", "regressions"] {
-        let dir = fuzz.join(kind).join(target);
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|entry| entry.expect("directory entry").path())
-            .filter(|p| p.is_file())
-            .collect();
-        files.sort();
-        assert!(!files.is_empty(), "{} holds no inputs", dir.display());
-        for file in files {
-            let data = std::fs::read(&file).expect("read input");
-            if std::panic::catch_unwind(|| body(&data)).is_err() {
-                failures.push(file.display().to_string());
-            }
-        }
-    }
-    assert!(failures.is_empty(), "inputs that fail: {failures:#?}");
-}
+use kpulse_testkit::{fuzz_dir, replay_fuzz_inputs};
 
 #[test]
 fn wire_decoder() {
-    replay("wire_decoder", kpulse_wire::fuzzing::wire_decoder);
+    replay_fuzz_inputs("wire_decoder", kpulse_wire::fuzzing::wire_decoder);
 }
 
 /// Writes the seed inputs of `fuzz/corpus/wire_decoder/` (frames made by `encode`): run with
@@ -112,7 +88,7 @@ fn write_seeds() {
     ];
     let agent_frames: Vec<Vec<u8>> = agent.iter().map(|m| encode(m).expect("encode")).collect();
     let server_frames: Vec<Vec<u8>> = server.iter().map(|m| encode(m).expect("encode")).collect();
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/wire_decoder");
+    let dir = fuzz_dir().join("corpus/wire_decoder");
     std::fs::create_dir_all(&dir).expect("mkdir");
     let write = |name: &str, flags: u8, chunking: u8, frames: &[Vec<u8>]| {
         let mut data = vec![flags, chunking];

@@ -8,7 +8,8 @@
 //! - The root file system is an initramfs written here (newc cpio, gzipped by `gzip`):
 //!   busybox-static, the test executable with every library `ldd` lists, the extra files,
 //!   and an `/init` script. The script mounts proc, sysfs, devtmpfs, cgroup2, bpffs, tracefs,
-//!   debugfs and a tmpfs `/tmp`, enables `+cpu +memory`, moves itself into the leaf cgroup
+//!   debugfs and a tmpfs `/tmp`, brings up the loopback interface, enables `+cpu +memory`,
+//!   moves itself into the leaf cgroup
 //!   `/kpulse-vm/runner`, runs the test with stdout and stderr on the second serial port, then
 //!   writes `KPULSE-EXIT-<token>-<code>` there and powers off. The token is random per run, so
 //!   the test's own output cannot fake the status.
@@ -878,6 +879,7 @@ mount -t tracefs tracefs /sys/kernel/tracing || say "cannot mount tracefs"
 mount -t debugfs debugfs /sys/kernel/debug || say "cannot mount debugfs"
 ulimit -l unlimited || say "cannot lift RLIMIT_MEMLOCK"
 hostname kpulse-vm
+ip link set lo up || say "cannot bring up the loopback interface"
 cg=/sys/fs/cgroup
 for c in cpu memory; do
     echo "+$c" > $cg/cgroup.subtree_control || say "cannot enable $c in /"

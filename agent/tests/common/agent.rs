@@ -38,8 +38,18 @@ pub struct Agent {
 impl Agent {
     /// Starts `kpulse-agent <args>` (logs at info, no colours).
     pub fn spawn(args: &[String], metrics_port: Option<u16>) -> Agent {
+        Agent::spawn_with_env(args, metrics_port, &[])
+    }
+
+    /// [`Agent::spawn`] with extra environment variables.
+    pub fn spawn_with_env(
+        args: &[String],
+        metrics_port: Option<u16>,
+        env: &[(&str, &str)],
+    ) -> Agent {
         let mut child = Command::new(bin())
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

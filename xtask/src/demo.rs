@@ -156,14 +156,15 @@ pub fn run(opts: &Options) -> Result<()> {
     // Rates need two points of each container: about two ticks after the agent starts.
     println!("waiting for the first metrics of both pods…");
     let first = Instant::now() + Duration::from_secs(30);
-    loop {
+    // A signal before the first metrics ends the demo as one after them does: cleanly.
+    let early = loop {
         procs.check_running(&dir)?;
         let top = kubectl(&["top", "pod", "-n", NAMESPACE, "--no-headers"])?;
         if PODS
             .iter()
             .all(|(pod, _, _)| top.lines().any(|l| l.starts_with(&format!("{pod} "))))
         {
-            break;
+            break None;
         }
         ensure!(
             Instant::now() < first,
@@ -171,44 +172,48 @@ pub fn run(opts: &Options) -> Result<()> {
             dir.display()
         );
         if let Ok(signal) = stop.recv_timeout(Duration::from_millis(250)) {
-            bail!("{signal} while waiting for the first metrics");
+            break Some(signal);
         }
-    }
+    };
     let mut refreshes = 0u32;
-    let reason = loop {
-        procs.check_running(&dir)?;
-        let mut screen = String::new();
-        for args in [
-            ["top", "pod", "-A"].as_slice(),
-            ["get", "podmetrics", "-A"].as_slice(),
-        ] {
-            let _ = writeln!(screen, "$ kubectl {}", args.join(" "));
-            screen.push_str(&kubectl(args)?);
-            screen.push('\n');
-        }
-        if opts.no_clear {
-            println!("{screen}");
-        } else {
-            // What `watch` does: home, clear, draw.
-            print!("\x1b[H\x1b[2J");
-            let elapsed = started.elapsed().as_secs();
-            println!(
+    let reason = if let Some(signal) = early {
+        signal
+    } else {
+        loop {
+            procs.check_running(&dir)?;
+            let mut screen = String::new();
+            for args in [
+                ["top", "pod", "-A"].as_slice(),
+                ["get", "podmetrics", "-A"].as_slice(),
+            ] {
+                let _ = writeln!(screen, "$ kubectl {}", args.join(" "));
+                screen.push_str(&kubectl(args)?);
+                screen.push('\n');
+            }
+            if opts.no_clear {
+                println!("{screen}");
+            } else {
+                // What `watch` does: home, clear, draw.
+                print!("\x1b[H\x1b[2J");
+                let elapsed = started.elapsed().as_secs();
+                println!(
                 "kpulse demo — node {}, {elapsed} s — kubeconfig {} — Ctrl-C to stop\n\n{screen}",
                 opts.node_name,
                 files.kubeconfig.display()
             );
-        }
-        refreshes += 1;
-        let wait = Duration::from_secs(1);
-        let wait = match deadline {
-            Some(d) if d <= Instant::now() => break "time is up",
-            Some(d) => wait.min(d - Instant::now()),
-            None => wait,
-        };
-        match stop.recv_timeout(wait) {
-            Ok(signal) => break signal,
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the signal thread ended"),
+            }
+            refreshes += 1;
+            let wait = Duration::from_secs(1);
+            let wait = match deadline {
+                Some(d) if d <= Instant::now() => break "time is up",
+                Some(d) => wait.min(d - Instant::now()),
+                None => wait,
+            };
+            match stop.recv_timeout(wait) {
+                Ok(signal) => break signal,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the signal thread ended"),
+            }
         }
     };
     let (stopped, removed) = (procs.stop(), cgroups.remove());

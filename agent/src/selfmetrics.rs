@@ -264,9 +264,8 @@ impl AgentMetrics {
                 pods.clone(),
             );
             ship.register(r);
-            if probe::heap_in_use().is_some() {
-                r.register_collector(Box::new(HeapCollector));
-            }
+            // Writes nothing where the C library is not glibc.
+            r.register_collector(Box::new(HeapCollector));
         }
         AgentMetrics {
             unattributed_cgroups,

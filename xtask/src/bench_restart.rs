@@ -26,7 +26,7 @@ use serde_json::Value;
 
 use crate::{
     demo::parse_duration,
-    harness::{self, read_summary, Agents, Binaries, Pki, Server, ServerAuth, Stop, Waiter},
+    harness::{self, read_summary, Agents, Binaries, Fleet, Pki, Server, ServerAuth, Stop, Waiter},
 };
 
 /// The issue's target: complete again within this after the new process starts.
@@ -35,24 +35,15 @@ const TARGET: Duration = Duration::from_secs(3);
 /// `cargo xtask bench-restart` flags.
 #[derive(clap::Args, Debug)]
 pub struct Options {
-    /// Simulated agents (nodes).
-    #[arg(long, default_value_t = 1000)]
-    agents: usize,
-    /// Pods per node.
-    #[arg(long, default_value_t = 30)]
-    pods: usize,
-    /// Containers per pod.
-    #[arg(long, default_value_t = 2)]
-    containers: usize,
+    /// The simulated fleet.
+    #[command(flatten)]
+    fleet: Fleet,
     /// Restarts measured.
     #[arg(long, default_value_t = 5)]
     restarts: usize,
     /// Time from the data being complete again to the next kill.
     #[arg(long, value_parser = parse_duration, default_value = "65s")]
     interval: Duration,
-    /// Seconds over which the agents connect at first.
-    #[arg(long, default_value_t = 30)]
-    ramp_secs: u64,
     /// Give up on a restart after this many seconds.
     #[arg(long, default_value_t = 60)]
     timeout_secs: u64,
@@ -80,10 +71,7 @@ struct Restart {
 
 /// Runs the measurement.
 pub fn run(opts: &Options) -> Result<()> {
-    ensure!(
-        opts.agents > 0 && opts.pods > 0 && opts.containers > 0,
-        "--agents, --pods and --containers must be positive"
-    );
+    opts.fleet.check()?;
     harness::require_curl("bench-restart")?;
     let stop = Stop::install()?;
     let bins = harness::release_binaries(opts.no_build)?;
@@ -167,30 +155,33 @@ fn measure(
     server.wait_answering(&mut server_proc, Duration::from_secs(30), stop)?;
     let servers = [server.ingest()];
     let agents = Agents {
-        nodes: opts.agents,
-        pods: opts.pods,
-        containers: opts.containers,
-        ramp_secs: opts.ramp_secs,
-        servers: &servers,
-        // Agents are on their own nodes: their reconnects must not wait for the CPU.
-        nice: false,
         // Every stream accepted again is an INFO line with its time: the reconnects' spread.
         log_filter: Some("info"),
+        // Agents are on their own nodes: their reconnects must not wait for the CPU.
+        ..opts.fleet.agents(&servers, false)
     };
     let agents_out = dir.join("loadgen.out");
     let mut loadgen = agents.start(&bins.loadgen, &pki, &dir.join("loadgen.log"), &agents_out)?;
     eprintln!(
         "bench-restart: {} agents × {} pods × {} containers; {} restarts, {} s apart",
-        opts.agents,
-        opts.pods,
-        opts.containers,
+        opts.fleet.agents,
+        opts.fleet.pods,
+        opts.fleet.containers,
         opts.restarts,
         opts.interval.as_secs()
     );
     // Everything served once, before the first restart.
-    Waiter::start(bins, &pki, &server, &agents, dir, "0", opts.ramp_secs + 120)?
-        .finish(stop)
-        .context("the agents' data was never complete before the restarts")?;
+    Waiter::start(
+        bins,
+        &pki,
+        &server,
+        &agents,
+        dir,
+        "0",
+        opts.fleet.ramp_secs + 120,
+    )?
+    .finish(stop)
+    .context("the agents' data was never complete before the restarts")?;
     eprintln!("bench-restart: every node and pod served");
 
     let mut restarts = Vec::new();
@@ -265,15 +256,15 @@ fn report(opts: &Options, restarts: &[Restart], agents: &Value) -> String {
     let _ = writeln!(
         md,
         "## Server restart under load: {} agents × {} pods × {} containers at 1 Hz\n",
-        opts.agents, opts.pods, opts.containers
+        opts.fleet.agents, opts.fleet.pods, opts.fleet.containers
     );
     let _ = writeln!(
         md,
         "```sh\ncargo xtask bench-restart --agents {} --pods {} --containers {} --restarts {} \
          --interval {}s\n```\n",
-        opts.agents,
-        opts.pods,
-        opts.containers,
+        opts.fleet.agents,
+        opts.fleet.pods,
+        opts.fleet.containers,
         opts.restarts,
         opts.interval.as_secs()
     );

@@ -426,6 +426,47 @@ impl Server {
     }
 }
 
+/// The simulated fleet: the flags `soak` and `bench-restart` share.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct Fleet {
+    /// Simulated agents (nodes).
+    #[arg(long, default_value_t = 1000)]
+    pub agents: usize,
+    /// Pods per node.
+    #[arg(long, default_value_t = 30)]
+    pub pods: usize,
+    /// Containers per pod.
+    #[arg(long, default_value_t = 2)]
+    pub containers: usize,
+    /// Seconds over which the agents connect at first.
+    #[arg(long, default_value_t = 30)]
+    pub ramp_secs: u64,
+}
+
+impl Fleet {
+    /// Refuses an empty fleet.
+    pub fn check(&self) -> Result<()> {
+        ensure!(
+            self.agents > 0 && self.pods > 0 && self.containers > 0,
+            "--agents, --pods and --containers must be positive"
+        );
+        Ok(())
+    }
+
+    /// The load generator's agents of this fleet, streaming to `servers`.
+    pub fn agents<'a>(&self, servers: &'a [String], nice: bool) -> Agents<'a> {
+        Agents {
+            nodes: self.agents,
+            pods: self.pods,
+            containers: self.containers,
+            ramp_secs: self.ramp_secs,
+            servers,
+            nice,
+            log_filter: None,
+        }
+    }
+}
+
 /// The load generator's agents.
 pub struct Agents<'a> {
     /// Nodes simulated.

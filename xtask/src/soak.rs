@@ -42,22 +42,16 @@ use crate::{
     demo::parse_duration,
     harness::{
         self, cpu_seconds, delta, ms, quantile, read_summary, rss_mib, sum, value, Agents,
-        Binaries, Metrics, Pki, Proc, Server, ServerAuth, Stop, Waiter,
+        Binaries, Fleet, Metrics, Pki, Proc, Server, ServerAuth, Stop, Waiter,
     },
 };
 
 /// `cargo xtask soak` flags.
 #[derive(clap::Args, Debug)]
 pub struct Options {
-    /// Simulated agents (nodes).
-    #[arg(long, default_value_t = 1000)]
-    agents: usize,
-    /// Pods per node.
-    #[arg(long, default_value_t = 30)]
-    pods: usize,
-    /// Containers per pod.
-    #[arg(long, default_value_t = 2)]
-    containers: usize,
+    /// The simulated fleet.
+    #[command(flatten)]
+    fleet: Fleet,
     /// Authenticated reads of the metrics API per second.
     #[arg(long, default_value_t = 50.0)]
     reads_per_sec: f64,
@@ -71,9 +65,6 @@ pub struct Options {
     /// The first part of the soak, not judged (RSS grows to its working size).
     #[arg(long, value_parser = parse_duration, default_value = "5m")]
     warmup: Duration,
-    /// Seconds over which the agents connect.
-    #[arg(long, default_value_t = 30)]
-    ramp_secs: u64,
     /// Interval of the RSS samples.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     rss_interval: Duration,
@@ -158,10 +149,7 @@ pub fn run(opts: &Options) -> Result<()> {
         "--warmup ({:?}) must be shorter than the soak ({duration:?})",
         opts.warmup
     );
-    ensure!(
-        opts.agents > 0 && opts.pods > 0 && opts.containers > 0,
-        "--agents, --pods and --containers must be positive"
-    );
+    opts.fleet.check()?;
     harness::require_curl("soak")?;
     let stop = Stop::install()?;
     let bins = harness::release_binaries(opts.no_build)?;
@@ -235,34 +223,26 @@ fn soak(
     let mut server_proc = server.start(&bins.server, &server_log)?;
     server.wait_answering(&mut server_proc, Duration::from_secs(30), stop)?;
     let servers = [server.ingest()];
-    let agents = Agents {
-        nodes: opts.agents,
-        pods: opts.pods,
-        containers: opts.containers,
-        ramp_secs: opts.ramp_secs,
-        servers: &servers,
-        // At the normal priority: on a busy host, agents at nice 19 fall behind their 1 Hz
-        // and the reader rightly finds stale data; on their own nodes they would not.
-        nice: false,
-        log_filter: None,
-    };
+    // At the normal priority: on a busy host, agents at nice 19 fall behind their 1 Hz
+    // and the reader rightly finds stale data; on their own nodes they would not.
+    let agents = opts.fleet.agents(&servers, false);
     let agents_out = dir.join("loadgen.out");
     let mut loadgen = agents.start(&bins.loadgen, &pki, &dir.join("loadgen.log"), &agents_out)?;
     eprintln!(
         "soak: {} agents × {} pods × {} containers at 1 Hz, {} reads/s; ramp {} s, then {} \
          (warm-up {})",
-        opts.agents,
-        opts.pods,
-        opts.containers,
+        opts.fleet.agents,
+        opts.fleet.pods,
+        opts.fleet.containers,
         opts.reads_per_sec,
-        opts.ramp_secs,
+        opts.fleet.ramp_secs,
         human(duration),
         human(opts.warmup)
     );
     wait_stored(
         &server,
         &agents,
-        opts.ramp_secs,
+        opts.fleet.ramp_secs,
         [&mut server_proc, &mut loadgen],
         stop,
     )?;
@@ -569,9 +549,9 @@ fn report(opts: &Options, m: &Measured) -> Report {
     let _ = writeln!(
         md,
         "## Soak: {} agents × {} pods × {} containers at 1 Hz, {} reads/s, {} (warm-up {})\n",
-        opts.agents,
-        opts.pods,
-        opts.containers,
+        opts.fleet.agents,
+        opts.fleet.pods,
+        opts.fleet.containers,
         opts.reads_per_sec,
         human(m.duration),
         human(m.warmup)
@@ -585,9 +565,9 @@ fn report(opts: &Options, m: &Measured) -> Report {
         md,
         "```sh\ncargo xtask soak --agents {} --pods {} --containers {} --reads-per-sec {} \
          --duration {}s --warmup {}s{env}\n```\n",
-        opts.agents,
-        opts.pods,
-        opts.containers,
+        opts.fleet.agents,
+        opts.fleet.pods,
+        opts.fleet.containers,
         opts.reads_per_sec,
         m.duration.as_secs(),
         m.warmup.as_secs()
@@ -632,13 +612,7 @@ fn report(opts: &Options, m: &Measured) -> Report {
         "agents: stream errors / reconnects",
         format!(
             "{stream_errors} / {reconnects}{}",
-            a["stream_errors"]
-                .as_object()
-                .filter(|o| !o.is_empty())
-                .map_or(String::new(), |o| format!(
-                    " ({})",
-                    Value::Object(o.clone())
-                ))
+            counts_suffix(&a["stream_errors"])
         ),
         "0",
         res,
@@ -648,13 +622,7 @@ fn report(opts: &Options, m: &Measured) -> Report {
         "reads checked (200, parsed, every node/pod present, values, fresh)",
         format!(
             "{reads}, **{read_errors} errors**{}",
-            r["error_classes"]
-                .as_object()
-                .filter(|o| !o.is_empty())
-                .map_or(String::new(), |o| format!(
-                    " ({})",
-                    Value::Object(o.clone())
-                ))
+            counts_suffix(&r["error_classes"])
         ),
         "0 errors",
         res,
@@ -824,7 +792,7 @@ fn report(opts: &Options, m: &Measured) -> Report {
         format!(
             "{:.0}/s (expected {}/s)",
             batches / judged_secs,
-            opts.agents
+            opts.fleet.agents
         ),
         "",
         "",
@@ -865,6 +833,16 @@ fn report(opts: &Options, m: &Measured) -> Report {
         failures,
         rss_csv,
     }
+}
+
+/// ` ({...})` when `counts` is a non-empty JSON object (counts by class), else nothing.
+fn counts_suffix(counts: &Value) -> String {
+    counts
+        .as_object()
+        .filter(|o| !o.is_empty())
+        .map_or(String::new(), |o| {
+            format!(" ({})", Value::Object(o.clone()))
+        })
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ mod bench_ingest;
 mod bench_restart;
 mod build_ebpf;
 mod certs;
+mod cluster;
 mod demo;
 mod exec;
 mod fuzz;
@@ -34,6 +35,8 @@ enum Command {
     BuildEbpf(build_ebpf::Options),
     /// Make the CA, serving certificate and caBundle patch that deploy/ includes.
     Certs(certs::Options),
+    /// A real single-node Kubernetes here (built from Go modules): up, down, status.
+    Cluster(cluster::Options),
     /// Run the agent and the aggregator-api here, with demo pods, and watch `kubectl top`.
     Demo(demo::Options),
     /// Run the cargo-fuzz targets of fuzz/ (nightly) and report; fails on a crash.
@@ -53,6 +56,7 @@ fn main() -> Result<()> {
         Command::BenchRestart(opts) => bench_restart::run(&opts),
         Command::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
         Command::Certs(opts) => certs::run(&opts),
+        Command::Cluster(opts) => cluster::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
         Command::Fuzz(opts) => fuzz::run(&opts),
         Command::Soak(opts) => soak::run(&opts),

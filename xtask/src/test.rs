@@ -9,14 +9,17 @@
 //! 4. the agent's kernel-facing tests again inside qemu VMs booting Debian's 6.1 and 6.12
 //!    kernels with pure cgroup v2 ([`VM_TESTS`]: accuracy, eBPF faults, agent restart).
 //!
+//! 5. kpulse on a real single-node Kubernetes of each pinned release
+//!    (`cluster::end_to_end`: `cluster up --install`, `cluster check`, `cluster down`).
+//!
 //! With `CI=true` nothing may skip: the accuracy test fails instead of skipping, and the
-//! VM stage cannot be turned off.
+//! VM and cluster stages cannot be turned off.
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
 use anyhow::{bail, Context, Result};
 
-use crate::{build_ebpf, exec, vm};
+use crate::{build_ebpf, cluster, exec, vm};
 
 /// `cargo xtask test` flags.
 #[derive(Debug, clap::Args)]
@@ -27,6 +30,12 @@ pub struct Options {
     /// Only these kernels in the VM stage (default: all).
     #[arg(long = "kernel")]
     pub kernels: Vec<vm::Kernel>,
+    /// Skip the real-cluster stage (refused when CI=true).
+    #[arg(long)]
+    pub no_cluster: bool,
+    /// Only these Kubernetes versions in the cluster stage (default: every pinned release).
+    #[arg(long = "kubernetes")]
+    pub kubernetes: Vec<String>,
 }
 
 /// The agent's integration tests that run again in every VM kernel: each depends on the
@@ -49,6 +58,9 @@ pub fn run(opts: &Options) -> Result<()> {
     let ci = in_ci();
     if ci && opts.no_vm {
         bail!("--no-vm is refused when CI=true: the VM kernels are part of the test suite");
+    }
+    if ci && opts.no_cluster {
+        bail!("--no-cluster is refused when CI=true: the real cluster is part of the test suite");
     }
     let root = vm::workspace_root()?;
     let mut passed = 0u32;
@@ -115,7 +127,7 @@ pub fn run(opts: &Options) -> Result<()> {
         let mut failed = Vec::new();
         for k in kernels {
             for (name, exe) in &tests {
-                let outcome = vm::run_in_vm(
+                let outcome = vm::run_in_vm_retrying(
                     &root,
                     &vm::VmRun {
                         kernel: k,
@@ -139,6 +151,33 @@ pub fn run(opts: &Options) -> Result<()> {
         if !failed.is_empty() {
             println!("stages: {passed} passed, 1 failed");
             bail!("VM stage failed: {}", failed.join(", "));
+        }
+        passed += 1;
+    }
+    if opts.no_cluster {
+        println!("xtask test: cluster stage skipped (--no-cluster)");
+    } else {
+        stage(
+            "kpulse on real Kubernetes clusters (cargo xtask cluster: up --install, check, down)",
+        );
+        let versions: Vec<String> = if opts.kubernetes.is_empty() {
+            cluster::versions::RELEASES
+                .iter()
+                .map(|r| r.kubernetes.to_string())
+                .collect()
+        } else {
+            opts.kubernetes.clone()
+        };
+        for v in versions {
+            let started = std::time::Instant::now();
+            if let Err(e) = cluster::end_to_end(&v) {
+                println!("stages: {passed} passed, 1 failed");
+                return Err(e.context(format!("cluster stage failed on Kubernetes {v}")));
+            }
+            println!(
+                "xtask test: Kubernetes {v}: built, up, checked and down in {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
         }
         passed += 1;
     }

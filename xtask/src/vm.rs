@@ -235,22 +235,7 @@ pub fn run(opts: &Options) -> Result<()> {
             cpus: opts.cpus,
         };
         let started = Instant::now();
-        let mut result = run_in_vm(&root, &vm);
-        // A guest kernel that panics before the test reports its status is the emulator's
-        // failure, not the test's: under TCG with several vCPUs, Debian's kernels have
-        // oopsed on an int3 left by live text patching (seen on a loaded host). One retry,
-        // said out loud; a second panic fails the run.
-        if let Err(e) = &result {
-            let text = format!("{e:#}");
-            if text.contains("did not report an exit status") && text.contains("Kernel panic") {
-                println!(
-                    "==> kernel {kernel}: the guest kernel panicked before the test reported \
-                     (console below); retrying once\n{}",
-                    tail(&text, 12)
-                );
-                result = run_in_vm(&root, &vm);
-            }
-        }
+        let result = run_in_vm_retrying(&root, &vm);
         let secs = started.elapsed().as_secs_f64();
         let package = installed_package(&root, kernel).unwrap_or_else(|| kernel.package().into());
         match result {
@@ -632,6 +617,30 @@ pub fn run_in_vm(root: &Path, run: &VmRun) -> Result<VmOutcome> {
             tail(&console, CONSOLE_TAIL)
         ),
     }
+}
+
+/// [`run_in_vm`], run once more when the guest kernel panicked before the test reported an
+/// exit status. That is the emulator's failure, not the test's: under TCG with several
+/// vCPUs, Debian's 6.12 kernel has oopsed on an `int3` left by live text patching (seen on a
+/// loaded host). The retry is said out loud; a second panic fails the run.
+pub fn run_in_vm_retrying(root: &Path, run: &VmRun<'_>) -> Result<VmOutcome> {
+    match run_in_vm(root, run) {
+        Err(e) if is_guest_panic(&e) => {
+            println!(
+                "==> kernel {}: the guest kernel panicked before the test reported; retrying \
+                 once. Its console:\n{}",
+                run.kernel,
+                tail(&format!("{e:#}"), 12)
+            );
+            run_in_vm(root, run)
+        }
+        other => other,
+    }
+}
+
+fn is_guest_panic(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}");
+    text.contains("did not report an exit status") && text.contains("Kernel panic")
 }
 
 /// The qemu child; killed (by its PID) and reaped if still running when dropped.

@@ -8,7 +8,10 @@
 //! - `kubectl top node`, `top pod -A`, `top pod --containers`, `get podmetrics -A` with every
 //!   installed kubectl (1.27–1.33) and the cluster's own;
 //! - pods of a new Deployment in `kubectl get podmetrics` about a second after their
-//!   containers start, and gone after they are deleted.
+//!   containers start, and gone after they are deleted;
+//! - the HPA: a Deployment of CPU burners with CPU requests and an `autoscaling/v2` HPA on
+//!   CPU utilisation; load on → the HPA scales up, load off → it scales down, timed from the
+//!   HPA's own status and shown by its events.
 //!
 //! Each check prints one line; the run ends with `N passed, N failed`.
 
@@ -97,6 +100,11 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf) -> Result<()> {
     }
     let r = pod_lifecycle(&ctx);
     ctx.record("a Deployment's pods appear and disappear", r);
+    let r = hpa(&ctx);
+    ctx.record(
+        "an autoscaling/v2 HPA on CPU scales up and down on kpulse's metrics",
+        r,
+    );
     println!("{} passed, {} failed", ctx.passed, ctx.failed.len());
     if !ctx.failed.is_empty() {
         bail!("cluster checks failed: {}", ctx.failed.join("; "));
@@ -359,5 +367,156 @@ fn pod_lifecycle_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
         delays[0],
         delays[delays.len() - 1],
         gone.as_secs_f64()
+    ))
+}
+
+const HPA_NS: &str = "kpulse-hpa";
+/// The burners' switch: a file on the node, seen by every burner through a hostPath.
+const LOAD_DIR: &str = "load";
+
+/// A Deployment of burners (request 100m, limit 200m: one loaded burner is at 200 % of its
+/// request) and an HPA targeting 50 % CPU, 1–4 replicas. Scale-up keeps the HPA's default
+/// behaviour (no stabilisation); scale-down's stabilisation window is 30 s instead of the
+/// default 300 s, so that the test ends in minutes.
+fn hpa_manifest(load_dir: &Path) -> String {
+    format!(
+        r#"{{"apiVersion":"v1","kind":"List","items":[
+{{"apiVersion":"apps/v1","kind":"Deployment",
+"metadata":{{"name":"burner","namespace":"{HPA_NS}"}},
+"spec":{{"replicas":1,"selector":{{"matchLabels":{{"app":"burner"}}}},
+"template":{{"metadata":{{"labels":{{"app":"burner"}}}},
+"spec":{{"terminationGracePeriodSeconds":1,"containers":[{{"name":"burn","image":"{image}","imagePullPolicy":"Never",
+"command":["/bin/sh","-c","trap 'exit 0' TERM; while :; do if [ -e /load/on ]; then i=0; while [ $i -lt 5000 ]; do i=$((i+1)); done; else sleep 0.2; fi; done"],
+"resources":{{"requests":{{"cpu":"100m","memory":"16Mi"}},"limits":{{"cpu":"200m","memory":"32Mi"}}}},
+"volumeMounts":[{{"name":"load","mountPath":"/load","readOnly":true}}]}}],
+"volumes":[{{"name":"load","hostPath":{{"path":"{load}","type":"Directory"}}}}]}}}}}}}},
+{{"apiVersion":"autoscaling/v2","kind":"HorizontalPodAutoscaler",
+"metadata":{{"name":"burner","namespace":"{HPA_NS}"}},
+"spec":{{"scaleTargetRef":{{"apiVersion":"apps/v1","kind":"Deployment","name":"burner"}},
+"minReplicas":1,"maxReplicas":4,
+"metrics":[{{"type":"Resource","resource":{{"name":"cpu","target":{{"type":"Utilization","averageUtilization":50}}}}}}],
+"behavior":{{"scaleDown":{{"stabilizationWindowSeconds":30}}}}}}}}]}}"#,
+        image = images::BUSYBOX_IMAGE,
+        load = load_dir.display()
+    )
+}
+
+fn hpa(ctx: &Ctx<'_>) -> Result<String> {
+    let load_dir = ctx.dirs.run.join(LOAD_DIR);
+    std::fs::create_dir_all(&load_dir)?;
+    let flag = load_dir.join("on");
+    let _ = std::fs::remove_file(&flag);
+    let _ = crate::exec::output(ctx.kubectl().args([
+        "delete",
+        "namespace",
+        HPA_NS,
+        "--wait=true",
+        "--ignore-not-found",
+    ]));
+    crate::exec::output(ctx.kubectl().args(["create", "namespace", HPA_NS]))?;
+    let result = hpa_in_namespace(ctx, &flag, &load_dir);
+    let _ = std::fs::remove_file(&flag);
+    let _ =
+        crate::exec::output(
+            ctx.kubectl()
+                .args(["delete", "namespace", HPA_NS, "--wait=false"]),
+        );
+    result
+}
+
+fn hpa_status(ctx: &Ctx<'_>) -> Result<Value> {
+    ctx.json(&["get", "hpa", "burner", "-n", HPA_NS])
+}
+
+fn hpa_in_namespace(ctx: &Ctx<'_>, flag: &Path, load_dir: &Path) -> Result<String> {
+    let file = ctx.dirs.etc.join("check-hpa.json");
+    std::fs::write(&file, hpa_manifest(load_dir))?;
+    crate::exec::output(ctx.kubectl().arg("apply").arg("-f").arg(&file))?;
+    // Idle first: the HPA must be reading a utilisation from kpulse.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let idle = loop {
+        ensure!(
+            Instant::now() < deadline,
+            "the HPA read no CPU utilisation within 120 s: {}",
+            hpa_status(ctx)?["status"]
+        );
+        let v = hpa_status(ctx)?;
+        if let Some(u) =
+            v["status"]["currentMetrics"][0]["resource"]["current"]["averageUtilization"].as_i64()
+        {
+            break u;
+        }
+        thread::sleep(Duration::from_millis(500));
+    };
+    std::fs::write(flag, b"")?;
+    let load_on = now_secs();
+    let on_at = Instant::now();
+    let (up_seen, up_replicas, up_recorded) = loop {
+        ensure!(
+            on_at.elapsed() < Duration::from_secs(180),
+            "no scale-up within 180 s of the load: {}",
+            hpa_status(ctx)?["status"]
+        );
+        let v = hpa_status(ctx)?;
+        let desired = v["status"]["desiredReplicas"].as_i64().unwrap_or(1);
+        if desired > 1 {
+            let recorded = v["status"]["lastScaleTime"].as_str().and_then(rfc3339_secs);
+            break (on_at.elapsed(), desired, recorded);
+        }
+        thread::sleep(Duration::from_millis(250));
+    };
+    // Let the new replicas run, then stop the load.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        let v = ctx.json(&["get", "deployment", "burner", "-n", HPA_NS])?;
+        if v["status"]["readyReplicas"].as_i64().unwrap_or(0) >= up_replicas {
+            break;
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
+    std::fs::remove_file(flag)?;
+    let load_off = now_secs();
+    let off_at = Instant::now();
+    let (down_seen, down_recorded) = loop {
+        ensure!(
+            off_at.elapsed() < Duration::from_secs(300),
+            "no scale-down within 300 s of the load's end: {}",
+            hpa_status(ctx)?["status"]
+        );
+        let v = hpa_status(ctx)?;
+        if v["status"]["desiredReplicas"].as_i64() == Some(1) {
+            let recorded = v["status"]["lastScaleTime"].as_str().and_then(rfc3339_secs);
+            break (off_at.elapsed(), recorded);
+        }
+        thread::sleep(Duration::from_millis(500));
+    };
+    let events = crate::exec::output(ctx.kubectl().args([
+        "get",
+        "events",
+        "-n",
+        HPA_NS,
+        "--field-selector=involvedObject.kind=HorizontalPodAutoscaler,reason=SuccessfulRescale",
+        "-o",
+        "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
+    ]))?;
+    ensure!(
+        events.contains("above target") && events.contains("below target"),
+        "the HPA's events do not show both decisions:\n{events}"
+    );
+    for line in events.lines() {
+        println!("check:      HPA event: SuccessfulRescale: {line}");
+    }
+    let fmt = |recorded: Option<f64>, since: f64| {
+        recorded.map_or("?".to_string(), |r| format!("{:.0} s", r - since))
+    };
+    Ok(format!(
+        "idle utilisation {idle} %; load on → desiredReplicas {up_replicas} seen after {:.1} s \
+         (lastScaleTime {} after, whole seconds); load off → 1 replica seen after {:.1} s \
+         (lastScaleTime {} after; 30 s scale-down stabilisation); controller-manager's \
+         default 15 s sync",
+        up_seen.as_secs_f64(),
+        fmt(up_recorded, load_on),
+        down_seen.as_secs_f64(),
+        fmt(down_recorded, load_off),
     ))
 }

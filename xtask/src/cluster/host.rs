@@ -636,6 +636,60 @@ pub fn teardown(dirs: &Dirs) -> Vec<String> {
     problems
 }
 
+/// What of a cluster is still on this machine, checked independently of how it was
+/// removed: processes in our or the kubelet's cgroups, those cgroups, mounts under our
+/// directories, the bridge, iptables chains, `/run/kpulse-cluster`, unrestored sysctls.
+pub fn leftovers(dirs: &Dirs) -> Vec<String> {
+    let mut found = Vec::new();
+    if let Ok(hs) = hierarchies() {
+        for h in hs {
+            for name in [CGROUP, KUBEPODS] {
+                let dir = h.join(name);
+                if dir.exists() {
+                    let pids = cgroup_pids(&dir);
+                    found.push(format!("cgroup {} (processes {pids:?})", dir.display()));
+                }
+            }
+        }
+    }
+    if let Ok(all) = mounts() {
+        for m in all {
+            if m.point.starts_with(&dirs.data) || m.point.starts_with(&dirs.run) {
+                found.push(format!("mount {}", m.point.display()));
+            }
+        }
+    }
+    if Path::new("/sys/class/net").join(BRIDGE).exists() {
+        found.push(format!("network interface {BRIDGE}"));
+    }
+    for tool in ["iptables", "ip6tables"] {
+        for table in ["filter", "nat", "mangle"] {
+            if let Ok(rules) =
+                crate::exec::output(Command::new(tool).args(["-w", "5", "-t", table, "-S"]))
+            {
+                for chain in rules.lines().filter_map(|l| l.strip_prefix("-N ")) {
+                    if chain.starts_with("KUBE-") || chain == GUARD_CHAIN {
+                        found.push(format!("{tool} -t {table} chain {chain}"));
+                    }
+                }
+            }
+        }
+    }
+    if dirs.run.exists() {
+        found.push(format!("directory {}", dirs.run.display()));
+    }
+    for (key, _) in SYSCTLS {
+        if dirs
+            .state
+            .join(format!("sysctl.{}", key.replace('/', ".")))
+            .exists()
+        {
+            found.push(format!("sysctl {key} not restored"));
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

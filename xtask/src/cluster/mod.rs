@@ -483,7 +483,9 @@ fn start(dirs: &Dirs, built: &Built, release: &versions::Release) -> Result<()> 
     Ok(())
 }
 
-/// The README's install, step by step, timed.
+/// The README's install, step by step, timed: `cargo xtask certs`, `kubectl apply -k
+/// deploy/`, then the time from the apply until both APIServices are `Available=True` and
+/// until `kubectl top pod -A` lists every running pod.
 fn install(root: &Path, dirs: &Dirs, built: &Built) -> Result<()> {
     let t = step("install: cargo xtask certs");
     crate::certs::run(&crate::certs::Options {
@@ -492,14 +494,13 @@ fn install(root: &Path, dirs: &Dirs, built: &Built) -> Result<()> {
         new_ca: false,
     })?;
     done("certs", t);
-    let t = step("install: kubectl apply -k deploy/");
+    let applied = step("install: kubectl apply -k deploy/");
     crate::exec::run(
         kubectl(dirs, built)
             .current_dir(root)
             .args(["apply", "-k", "deploy/"]),
     )?;
-    done("applied", t);
-    let t = step("install: waiting for both APIServices to be Available");
+    done("applied", applied);
     host::wait_for(
         dirs,
         "APIServices Available=True",
@@ -507,34 +508,70 @@ fn install(root: &Path, dirs: &Dirs, built: &Built) -> Result<()> {
         Duration::from_secs(300),
         || {
             let out = kubectl(dirs, built)
-            .args([
-                "get",
-                "apiservice",
-                "v1beta1.metrics.k8s.io",
-                "v1.metrics.k8s.io",
-                "-o",
-                "jsonpath={range .items[*]}{.status.conditions[?(@.type==\"Available\")].status}{\"\\n\"}{end}",
-            ])
-            .output()?;
+                .args([
+                    "get",
+                    "apiservice",
+                    "v1beta1.metrics.k8s.io",
+                    "v1.metrics.k8s.io",
+                    "-o",
+                    "jsonpath={range .items[*]}{.status.conditions[?(@.type==\"Available\")].status}{\"\\n\"}{end}",
+                ])
+                .output()?;
             let text = String::from_utf8_lossy(&out.stdout).to_string();
             Ok(text.lines().filter(|l| l.trim() == "True").count() == 2)
         },
     )?;
-    done("APIServices Available", t);
-    let t = step("install: waiting for `kubectl top pod -A`");
+    let available = applied.elapsed();
+    done(
+        "install: both APIServices Available (since the apply)",
+        applied,
+    );
+    let mut missing = Vec::new();
     host::wait_for(
         dirs,
-        "kubectl top pod -A",
+        "kubectl top pod -A to list every running pod",
         None,
         Duration::from_secs(180),
         || {
+            let running = crate::exec::output(kubectl(dirs, built).args([
+                "get",
+                "pods",
+                "-A",
+                "--field-selector=status.phase=Running",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.namespace} {.metadata.name}{\"\\n\"}{end}",
+            ]))?;
             let out = kubectl(dirs, built)
                 .args(["top", "pod", "-A", "--no-headers"])
                 .output()?;
-            Ok(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("coredns"))
+            if !out.status.success() {
+                return Ok(false);
+            }
+            let listed = String::from_utf8_lossy(&out.stdout).to_string();
+            let listed: std::collections::BTreeSet<(String, String)> = listed
+                .lines()
+                .filter_map(|l| {
+                    let mut w = l.split_whitespace();
+                    Some((w.next()?.to_string(), w.next()?.to_string()))
+                })
+                .collect();
+            missing = running
+                .lines()
+                .filter_map(|l| l.split_once(' '))
+                .map(|(ns, name)| (ns.to_string(), name.to_string()))
+                .filter(|p| !listed.contains(p))
+                .map(|(ns, name)| format!("{ns}/{name}"))
+                .collect();
+            Ok(!running.trim().is_empty() && missing.is_empty())
         },
-    )?;
-    done("kubectl top pod -A answers", t);
+    )
+    .with_context(|| format!("not listed: {missing:?}"))?;
+    println!(
+        "cluster: install timing: kubectl apply -k deploy/ → both APIServices Available in \
+         {:.1} s → kubectl top pod -A complete (every running pod) in {:.1} s",
+        available.as_secs_f64(),
+        applied.elapsed().as_secs_f64()
+    );
     crate::exec::run(kubectl(dirs, built).args(["top", "pod", "-A"]))?;
     crate::exec::run(kubectl(dirs, built).args(["top", "node"]))?;
     Ok(())
@@ -570,6 +607,7 @@ fn teardown(dirs: &Dirs) -> Vec<String> {
             .arg(format!("unix://{}", dirs.containerd_socket().display()))
             .args(["rmp", "--all", "--force"])
             .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
             .status();
     }
     host::teardown(dirs)
@@ -579,13 +617,42 @@ fn down() -> Result<()> {
     let root = crate::vm::workspace_root()?;
     let dirs = Dirs::new(&root);
     let t = step("down: stopping pods and processes, undoing network, mounts, cgroups");
-    let problems = teardown(&dirs);
+    let mut problems = teardown(&dirs);
+    // Checked afresh, whatever teardown thought it did.
+    problems.extend(
+        host::leftovers(&dirs)
+            .into_iter()
+            .map(|l| format!("left behind: {l}")),
+    );
     if problems.is_empty() {
-        done("down: everything removed", t);
+        done("down: everything removed (no process, cgroup, mount, interface, iptables chain or sysctl of the cluster left)", t);
         Ok(())
     } else {
         bail!("down left things behind:\n  {}", problems.join("\n  "))
     }
+}
+
+/// The end-to-end test of `cargo xtask test`: `up --install` with `kubernetes`, `check`,
+/// then `down` (also after a failure), which must leave nothing behind.
+pub fn end_to_end(kubernetes: &str) -> Result<()> {
+    let root = crate::vm::workspace_root()?;
+    let dirs = Dirs::new(&root);
+    if dirs.state.join("release").exists() {
+        println!("cluster: a cluster was left up; taking it down first");
+        down()?;
+    }
+    up(&UpOptions {
+        kubernetes: kubernetes.to_string(),
+        install: true,
+        keep_on_failure: false,
+    })?;
+    let release = release(kubernetes)?;
+    let checked = check::run(
+        &dirs,
+        gobuild::kubernetes(&release).bin(&dirs.build, "kubectl"),
+    );
+    let downed = down();
+    checked.and(downed)
 }
 
 fn status() -> Result<()> {

@@ -120,7 +120,7 @@ pub fn make(dir: &Path, names: &ApiserverNames<'_>, node: &str, server: &str) ->
         "apiserver-kubelet-client",
         &ca_issuer,
         "kube-apiserver-kubelet-client",
-        Some("kubeadm:cluster-admins"),
+        Some("system:masters"),
         Vec::new(),
         ExtendedKeyUsagePurpose::ClientAuth,
         now,

@@ -11,7 +11,10 @@
 //!   containers start, and gone after they are deleted;
 //! - the HPA: a Deployment of CPU burners with CPU requests and an `autoscaling/v2` HPA on
 //!   CPU utilisation; load on → the HPA scales up, load off → it scales down, timed from the
-//!   HPA's own status and shown by its events.
+//!   HPA's own status and shown by its events;
+//! - `kubectl rollout restart` of the aggregator-api and then of the agent DaemonSet while a
+//!   reader runs `kubectl top pod -A` and lists PodMetrics every 100 ms: failed calls and
+//!   incomplete lists, counted per rollout (none allowed during the aggregator-api's).
 //!
 //! Each check prints one line; the run ends with `N passed, N failed`.
 
@@ -42,6 +45,7 @@ fn installed_kubectls() -> Vec<PathBuf> {
 struct Ctx<'a> {
     dirs: &'a Dirs,
     kubectl: PathBuf,
+    only: Option<&'a str>,
     passed: usize,
     failed: Vec<String>,
 }
@@ -64,6 +68,11 @@ impl Ctx<'_> {
         serde_json::from_str(&out).context("kubectl printed no JSON")
     }
 
+    /// Whether the check named `name` runs (`--only` matches part of its name).
+    fn wants(&self, name: &str) -> bool {
+        self.only.is_none_or(|o| name.contains(o))
+    }
+
     fn record(&mut self, name: &str, result: Result<String>) {
         match result {
             Ok(detail) => {
@@ -79,32 +88,52 @@ impl Ctx<'_> {
 }
 
 /// Runs every check; fails if any failed.
-pub fn run(dirs: &Dirs, kubectl: PathBuf) -> Result<()> {
+pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>) -> Result<()> {
     let mut ctx = Ctx {
         dirs,
         kubectl,
+        only,
         passed: 0,
         failed: Vec::new(),
     };
-    let r = apiservices(&ctx);
-    ctx.record("APIServices v1beta1 and v1 Available=True", r);
-    let r = legacy_discovery(&ctx);
-    ctx.record("legacy discovery through kube-apiserver", r);
-    let r = aggregated_discovery(&ctx);
-    ctx.record("aggregated discovery through kube-apiserver", r);
+    type Check = fn(&Ctx<'_>) -> Result<String>;
+    let first: [(&str, Check); 3] = [
+        ("APIServices v1beta1 and v1 Available=True", apiservices),
+        ("legacy discovery through kube-apiserver", legacy_discovery),
+        (
+            "aggregated discovery through kube-apiserver",
+            aggregated_discovery,
+        ),
+    ];
+    let last: [(&str, Check); 3] = [
+        ("a Deployment's pods appear and disappear", pod_lifecycle),
+        (
+            "an autoscaling/v2 HPA on CPU scales up and down on kpulse's metrics",
+            hpa,
+        ),
+        ("rollout restarts under a reader every 100 ms", rollouts),
+    ];
+    for (name, check) in first {
+        if ctx.wants(name) {
+            let r = check(&ctx);
+            ctx.record(name, r);
+        }
+    }
     let mut clients = installed_kubectls();
     clients.push(ctx.kubectl.clone());
     for bin in clients {
-        let r = kubectl_matrix(&ctx, &bin);
-        ctx.record(&format!("kubectl top/get with {}", bin.display()), r);
+        let name = format!("kubectl top/get with {}", bin.display());
+        if ctx.wants(&name) {
+            let r = kubectl_matrix(&ctx, &bin);
+            ctx.record(&name, r);
+        }
     }
-    let r = pod_lifecycle(&ctx);
-    ctx.record("a Deployment's pods appear and disappear", r);
-    let r = hpa(&ctx);
-    ctx.record(
-        "an autoscaling/v2 HPA on CPU scales up and down on kpulse's metrics",
-        r,
-    );
+    for (name, check) in last {
+        if ctx.wants(name) {
+            let r = check(&ctx);
+            ctx.record(name, r);
+        }
+    }
     println!("{} passed, {} failed", ctx.passed, ctx.failed.len());
     if !ctx.failed.is_empty() {
         bail!("cluster checks failed: {}", ctx.failed.join("; "));
@@ -519,4 +548,224 @@ fn hpa_in_namespace(ctx: &Ctx<'_>, flag: &Path, load_dir: &Path) -> Result<Strin
         down_seen.as_secs_f64(),
         fmt(down_recorded, load_off),
     ))
+}
+
+const ROLLOUT_NS: &str = "kpulse-rollout";
+
+/// What the reader saw during one phase.
+#[derive(Debug, Default)]
+struct Tally {
+    calls: u32,
+    errors: u32,
+    incomplete: u32,
+    examples: Vec<String>,
+}
+
+impl Tally {
+    fn note(&mut self, what: String) {
+        if self.examples.len() < 3 {
+            self.examples.push(what);
+        }
+    }
+}
+
+fn rollouts(ctx: &Ctx<'_>) -> Result<String> {
+    let _ = crate::exec::output(ctx.kubectl().args([
+        "delete",
+        "namespace",
+        ROLLOUT_NS,
+        "--wait=true",
+        "--ignore-not-found",
+    ]));
+    crate::exec::output(ctx.kubectl().args(["create", "namespace", ROLLOUT_NS]))?;
+    let result = rollouts_in_namespace(ctx);
+    let _ = crate::exec::output(ctx.kubectl().args([
+        "delete",
+        "namespace",
+        ROLLOUT_NS,
+        "--wait=false",
+    ]));
+    result
+}
+
+fn rollouts_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
+    let manifest = format!(
+        r#"{{"apiVersion":"apps/v1","kind":"Deployment",
+"metadata":{{"name":"sleepers","namespace":"{ROLLOUT_NS}"}},
+"spec":{{"replicas":3,"selector":{{"matchLabels":{{"app":"sleepers"}}}},
+"template":{{"metadata":{{"labels":{{"app":"sleepers"}}}},
+"spec":{{"terminationGracePeriodSeconds":1,"containers":[{{"name":"sleep","image":"{}","imagePullPolicy":"Never",
+"command":["/bin/sh","-c","trap 'exit 0' TERM; while :; do sleep 1; done"]}}]}}}}}}}}"#,
+        images::BUSYBOX_IMAGE
+    );
+    let file = ctx.dirs.etc.join("check-rollout.json");
+    std::fs::write(&file, manifest)?;
+    crate::exec::output(ctx.kubectl().arg("apply").arg("-f").arg(&file))?;
+    crate::exec::output(ctx.kubectl().args([
+        "rollout",
+        "status",
+        "deployment/sleepers",
+        "-n",
+        ROLLOUT_NS,
+        "--timeout=120s",
+    ]))?;
+    // Every running pod outside kpulse-system must be in every answer.
+    let expected: std::collections::BTreeSet<String> =
+        ctx.json(&["get", "pods", "-A", "--field-selector=status.phase=Running"])?["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["metadata"]["namespace"] != "kpulse-system")
+            .filter_map(|p| {
+                Some(format!(
+                    "{}/{}",
+                    p["metadata"]["namespace"].as_str()?,
+                    p["metadata"]["name"].as_str()?
+                ))
+            })
+            .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        ensure!(
+            Instant::now() < deadline,
+            "the expected pods were never all listed"
+        );
+        if read_once(ctx, 1, &expected).is_ok_and(|missing| missing.is_empty()) {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+
+    let phase = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tallies = std::thread::scope(|scope| -> Result<Vec<(Tally, Duration)>> {
+        let reader = {
+            let (phase, stop, expected) = (phase.clone(), stop.clone(), &expected);
+            scope.spawn(move || {
+                let mut t = [Tally::default(), Tally::default(), Tally::default()];
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let p = phase.load(std::sync::atomic::Ordering::Relaxed);
+                    let tally = &mut t[p.min(2)];
+                    tally.calls += 1;
+                    match read_once(ctx, i, expected) {
+                        Err(e) => {
+                            tally.errors += 1;
+                            tally.note(format!("{e:#}"));
+                        }
+                        Ok(missing) if !missing.is_empty() => {
+                            tally.incomplete += 1;
+                            tally.note(format!("missing {missing:?}"));
+                        }
+                        Ok(_) => {}
+                    }
+                    i += 1;
+                    thread::sleep(Duration::from_millis(100).saturating_sub(started.elapsed()));
+                }
+                t
+            })
+        };
+        let mut durations = Vec::new();
+        for (n, target) in ["deployment/kpulse-aggregator-api", "daemonset/kpulse-agent"]
+            .iter()
+            .enumerate()
+        {
+            phase.store(n, std::sync::atomic::Ordering::Relaxed);
+            let t = Instant::now();
+            crate::exec::output(ctx.kubectl().args([
+                "-n",
+                "kpulse-system",
+                "rollout",
+                "restart",
+                target,
+            ]))?;
+            crate::exec::output(
+                ctx.kubectl()
+                    .args([
+                        "-n",
+                        "kpulse-system",
+                        "rollout",
+                        "status",
+                        target,
+                        "--timeout=240s",
+                    ])
+                    .arg("--request-timeout=0"),
+            )?;
+            // Keep reading a little past the rollout's end.
+            thread::sleep(Duration::from_secs(5));
+            durations.push(t.elapsed());
+        }
+        phase.store(2, std::sync::atomic::Ordering::Relaxed);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let t = reader
+            .join()
+            .map_err(|_| anyhow::anyhow!("the reader panicked"))?;
+        let [a, b, _] = t;
+        Ok(vec![(a, durations[0]), (b, durations[1])])
+    })?;
+    let describe = |name: &str, (t, d): &(Tally, Duration)| {
+        format!(
+            "{name} ({:.0} s incl. 5 s after): {} reads, {} failed, {} incomplete{}",
+            d.as_secs_f64(),
+            t.calls,
+            t.errors,
+            t.incomplete,
+            if t.examples.is_empty() {
+                String::new()
+            } else {
+                format!(" (e.g. {})", t.examples.join(" | "))
+            }
+        )
+    };
+    let text = format!(
+        "{}; {}",
+        describe("aggregator-api rollout", &tallies[0]),
+        describe("agent rollout", &tallies[1])
+    );
+    ensure!(
+        tallies[0].0.errors == 0 && tallies[0].0.incomplete == 0,
+        "the aggregator-api rollout was not seamless: {text}"
+    );
+    Ok(text)
+}
+
+/// One read, alternating `kubectl top pod -A` and a PodMetrics list; the expected pods it
+/// did not list.
+fn read_once(
+    ctx: &Ctx<'_>,
+    i: u64,
+    expected: &std::collections::BTreeSet<String>,
+) -> Result<Vec<String>> {
+    let listed: std::collections::BTreeSet<String> = if i.is_multiple_of(2) {
+        let out = crate::exec::output(ctx.kubectl().args(["top", "pod", "-A", "--no-headers"]))
+            .context("kubectl top pod -A")?;
+        out.lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                Some(format!("{}/{}", w.next()?, w.next()?))
+            })
+            .collect()
+    } else {
+        let v = ctx
+            .json(&["get", "podmetrics", "-A"])
+            .context("kubectl get podmetrics -A")?;
+        v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| {
+                Some(format!(
+                    "{}/{}",
+                    p["metadata"]["namespace"].as_str()?,
+                    p["metadata"]["name"].as_str()?
+                ))
+            })
+            .collect()
+    };
+    Ok(expected
+        .iter()
+        .filter(|p| !listed.contains(*p))
+        .cloned()
+        .collect())
 }

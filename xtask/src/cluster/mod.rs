@@ -50,7 +50,7 @@ enum Action {
     /// Only build the components and images (no cluster is started).
     Build(BuildOptions),
     /// Check kpulse on the running cluster with the real clients (after `up --install`).
-    Check,
+    Check(CheckOptions),
 }
 
 #[derive(Debug, clap::Args)]
@@ -67,6 +67,13 @@ pub struct UpOptions {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct CheckOptions {
+    /// Only the checks whose name contains this (e.g. `HPA`, `rollout`, `kubectl.1.27`).
+    #[arg(long)]
+    only: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct BuildOptions {
     /// Kubernetes version (minor or full).
     #[arg(long, default_value = versions::RELEASES[0].kubernetes)]
@@ -78,7 +85,7 @@ pub fn run(opts: &Options) -> Result<()> {
         Action::Up(o) => up(o),
         Action::Down => down(),
         Action::Status => status(),
-        Action::Check => {
+        Action::Check(o) => {
             let root = crate::vm::workspace_root()?;
             let dirs = Dirs::new(&root);
             let version = fs::read_to_string(dirs.state.join("release"))
@@ -87,6 +94,7 @@ pub fn run(opts: &Options) -> Result<()> {
             check::run(
                 &dirs,
                 gobuild::kubernetes(&release).bin(&dirs.build, "kubectl"),
+                o.only.as_deref(),
             )
         }
         Action::Build(o) => {
@@ -650,6 +658,7 @@ pub fn end_to_end(kubernetes: &str) -> Result<()> {
     let checked = check::run(
         &dirs,
         gobuild::kubernetes(&release).bin(&dirs.build, "kubectl"),
+        None,
     );
     let downed = down();
     checked.and(downed)

@@ -416,7 +416,11 @@ struct ApiServiceSpec {
     ca_bundle: Option<String>,
     group_priority_minimum: i32,
     version_priority: i32,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    // kube-aggregator's JSON name; camelCase would make it `insecureSkipTlsVerify`.
+    #[serde(
+        rename = "insecureSkipTLSVerify",
+        skip_serializing_if = "Option::is_none"
+    )]
     insecure_skip_tls_verify: Option<bool>,
 }
 
@@ -725,9 +729,18 @@ fn apiservices_reach_the_server_through_its_service() {
     let raw: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "APIService").collect();
     assert_eq!(raw.len(), 2, "v1beta1 and v1");
     for d in raw {
-        assert!(
-            d["spec"].get("insecureSkipTLSVerify").is_none(),
+        // Written out as false: applied over metrics-server's APIService (true), it must
+        // turn verification on, or the API server rejects caBundle + insecureSkipTLSVerify.
+        assert_eq!(
+            d["spec"].get("insecureSkipTLSVerify"),
+            Some(&Value::Bool(false)),
             "{}: insecureSkipTLSVerify",
+            describe(d)
+        );
+        assert_eq!(
+            d["metadata"]["labels"]["app.kubernetes.io/component"],
+            "apiservice",
+            "{}: the label the migration selects on",
             describe(d)
         );
         let a: ApiService = typed(d);
@@ -741,7 +754,7 @@ fn apiservices_reach_the_server_through_its_service() {
         };
         assert_eq!(a.spec.version_priority, expected_priority, "{name}");
         assert_eq!(a.spec.group_priority_minimum, 100, "{name}");
-        assert_eq!(a.spec.insecure_skip_tls_verify, None, "{name}");
+        assert_eq!(a.spec.insecure_skip_tls_verify, Some(false), "{name}");
         let bundle = a.spec.ca_bundle.as_deref().expect("caBundle");
         assert_eq!(
             bundle,

@@ -616,6 +616,8 @@ fn rollouts_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
             .into_iter()
             .flatten()
             .filter(|p| p["metadata"]["namespace"] != "kpulse-system")
+            // Pods being deleted (earlier checks' namespaces) are rightly dropped.
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
             .filter_map(|p| {
                 Some(format!(
                     "{}/{}",

@@ -245,6 +245,23 @@ fn module_go_mod(go_bin: &Path, dir: &Path, module: &str, version: &str) -> Resu
     fs::read_to_string(path).with_context(|| format!("cannot read {path}"))
 }
 
+/// The directory of `module@version` in Go's module cache (downloading it).
+pub fn module_dir(module: &str, version: &str) -> Result<PathBuf> {
+    let go_bin = go_command()?;
+    let out = crate::exec::output(go(&go_bin, &std::env::temp_dir()).args([
+        "mod",
+        "download",
+        "-json",
+        &format!("{module}@v{version}"),
+    ]))?;
+    let info: serde_json::Value =
+        serde_json::from_str(&out).context("go mod download -json printed no JSON")?;
+    info.get("Dir")
+        .and_then(|v| v.as_str())
+        .map(PathBuf::from)
+        .with_context(|| format!("go mod download {module}: no Dir in {out}"))
+}
+
 /// The wrapper's `go.mod`, before `go mod tidy`.
 pub fn wrapper_go_mod(component: &Component, wrapped: &str) -> Result<String> {
     let mut go_line = None;

@@ -602,8 +602,17 @@ pub fn teardown(dirs: &Dirs) -> Vec<String> {
         }
     }
 
+    // A cgroup whose last process has just been killed can stay busy for a moment.
     for tree in ours.iter().chain(pods.iter()) {
-        if let Err(e) = remove_cgroup_tree(tree) {
+        let mut last = Ok(());
+        for _ in 0..50 {
+            last = remove_cgroup_tree(tree);
+            if last.is_ok() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        if let Err(e) = last {
             problems.push(format!("{e:#}"));
         }
     }

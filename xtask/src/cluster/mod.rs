@@ -16,6 +16,7 @@ mod daemons;
 mod gobuild;
 mod host;
 mod images;
+mod migrate;
 mod pki;
 pub mod versions;
 
@@ -61,6 +62,11 @@ pub struct UpOptions {
     /// Then install kpulse as the README says: `cargo xtask certs`, `kubectl apply -k deploy/`.
     #[arg(long)]
     install: bool,
+    /// Instead of --install: install metrics-server first, then replace it with kpulse as
+    /// deploy/README.md says, while `kubectl top pod -A` runs every 100 ms (every call must
+    /// succeed).
+    #[arg(long, conflicts_with = "install")]
+    migrate: bool,
     /// On failure, leave everything running for a look (then `cluster down`).
     #[arg(long)]
     keep_on_failure: bool,
@@ -244,6 +250,11 @@ fn up(opts: &UpOptions) -> Result<()> {
     let result = start(&dirs, &built, &release).and_then(|()| {
         if opts.install {
             install(&root, &dirs, &built)
+        } else if opts.migrate {
+            let t = step("migration from metrics-server under a reader");
+            let text = migrate::migrate(&root, &dirs, &built.kube("kubectl"))?;
+            done(&format!("migration: {text}"), t);
+            Ok(())
         } else {
             Ok(())
         }
@@ -640,9 +651,10 @@ fn down() -> Result<()> {
     }
 }
 
-/// The end-to-end test of `cargo xtask test`: `up --install` with `kubernetes`, `check`,
-/// then `down` (also after a failure), which must leave nothing behind.
-pub fn end_to_end(kubernetes: &str) -> Result<()> {
+/// The end-to-end test of `cargo xtask test`: `up --install` (or `--migrate`, from
+/// metrics-server) with `kubernetes`, `check`, then `down` (also after a failure), which
+/// must leave nothing behind.
+pub fn end_to_end(kubernetes: &str, migrate: bool) -> Result<()> {
     let root = crate::vm::workspace_root()?;
     let dirs = Dirs::new(&root);
     if dirs.state.join("release").exists() {
@@ -651,7 +663,8 @@ pub fn end_to_end(kubernetes: &str) -> Result<()> {
     }
     up(&UpOptions {
         kubernetes: kubernetes.to_string(),
-        install: true,
+        install: !migrate,
+        migrate,
         keep_on_failure: false,
     })?;
     let release = release(kubernetes)?;

@@ -256,6 +256,7 @@ metadata:
   namespace: {NAMESPACE}
   labels:
     app.kubernetes.io/name: kpulse-aggregator-api
+    app.kubernetes.io/part-of: kpulse
 type: kubernetes.io/tls
 data:
   tls.crt: {}
@@ -278,6 +279,7 @@ metadata:
   namespace: {NAMESPACE}
   labels:
     app.kubernetes.io/name: kpulse-agent
+    app.kubernetes.io/part-of: kpulse
 data:
   ca.crt: |
 {indented}"

@@ -1369,7 +1369,8 @@ fn agent_pod_has_only_what_it_needs() {
     let added: BTreeSet<&str> = caps.add.iter().flatten().map(String::as_str).collect();
     assert_eq!(added, BTreeSet::from(["BPF", "PERFMON"]));
 
-    // Host paths: the cgroup hierarchy and BTF, read-only; nothing else of the host.
+    // Host paths: the cgroup hierarchy, read-only; nothing else of the host (BTF is in the
+    // container's own sysfs, so that a node without it still starts the agent).
     let mut host_paths = BTreeMap::new();
     for v in spec.volumes.iter().flatten() {
         if let Some(hp) = &v.host_path {
@@ -1381,7 +1382,7 @@ fn agent_pod_has_only_what_it_needs() {
             .values()
             .map(String::as_str)
             .collect::<BTreeSet<_>>(),
-        BTreeSet::from(["/sys/fs/cgroup", "/sys/kernel/btf"])
+        BTreeSet::from(["/sys/fs/cgroup"])
     );
     for m in c.volume_mounts.iter().flatten() {
         assert_eq!(m.read_only, Some(true), "{} is writable", m.mount_path);
@@ -1822,6 +1823,30 @@ fn containerfiles_match_the_toolchain_and_the_pods() {
     assert!(agent_cf.contains("KPULSE_EBPF_OBJECT="));
     let ignore = fs::read_to_string(repo().join(".dockerignore")).expect(".dockerignore");
     assert!(ignore.lines().any(|l| l == "!target/ebpf/kpulse.bpf.o"));
+}
+
+/// A fresh clone has no deploy/generated: the base must still render (GitOps tools and
+/// cert-manager overlays use it), with no certificate material in it.
+#[test]
+fn the_base_renders_on_a_fresh_clone() {
+    let tmp = temp_dir("fresh");
+    let deploy = tmp.join("deploy");
+    copy_tree(&repo().join("deploy"), &deploy);
+    assert!(!deploy.join("generated").exists());
+    let docs = render(&deploy.join("base"));
+    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert!(
+        kinds.contains(&"Deployment") && kinds.contains(&"DaemonSet"),
+        "{kinds:?}"
+    );
+    assert!(
+        !kinds.contains(&"Secret"),
+        "certificate material in the base: {kinds:?}"
+    );
+    for d in docs.iter().filter(|d| d["kind"] == "APIService") {
+        assert!(d["spec"].get("caBundle").is_none(), "{}", describe(d));
+    }
+    let _ = fs::remove_dir_all(&tmp);
 }
 
 #[test]

@@ -26,7 +26,8 @@ use k8s_openapi::{
     api::{
         apps::v1::{DaemonSet, Deployment},
         core::v1::{
-            ConfigMap, Container, Namespace, PodSpec, Secret, Service, ServiceAccount, Volume,
+            ConfigMap, Container, Namespace, PodSpec, ResourceQuota, Secret, Service,
+            ServiceAccount, Volume,
         },
         networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort},
         policy::v1::PodDisruptionBudget,
@@ -630,6 +631,9 @@ fn every_object_is_typed_and_namespaced_on_purpose() {
                 }
                 ("v1", "ServiceAccount") => {
                     typed::<ServiceAccount>(d);
+                }
+                ("v1", "ResourceQuota") => {
+                    typed::<ResourceQuota>(d);
                 }
                 ("v1", "ConfigMap") => {
                     typed::<ConfigMap>(d);
@@ -1481,6 +1485,11 @@ fn base_spreads_two_replicas_and_ha_three_on_distinct_nodes() {
     let pdb: PodDisruptionBudget = one(&f.base, "PodDisruptionBudget", SERVER);
     let pspec = pdb.spec.as_ref().expect("spec");
     assert_eq!(pspec.min_available, Some(IntOrString::Int(1)));
+    // Unready replicas never block a drain.
+    assert_eq!(
+        pspec.unhealthy_pod_eviction_policy.as_deref(),
+        Some("AlwaysAllow")
+    );
     assert!(pspec.max_unavailable.is_none());
     assert!(selects(
         pspec
@@ -1579,7 +1588,6 @@ fn network_policies_open_only_the_api_and_ingest_paths() {
     let ingest: i32 = flag(&sflags, "ingest-port").parse().expect("port");
     let agent_labels = pod_labels_of_daemonset(&agent(docs));
     let tcp = |n: i32| ("TCP".to_string(), n);
-    let udp = |n: i32| ("UDP".to_string(), n);
 
     let np: NetworkPolicy = one(docs, "NetworkPolicy", SERVER);
     let spec = np.spec.as_ref().expect("spec");
@@ -1624,11 +1632,50 @@ fn network_policies_open_only_the_api_and_ingest_paths() {
         .flatten()
         .map(String::as_str)
         .collect();
-    assert_eq!(types, BTreeSet::from(["Ingress", "Egress"]));
+    // Egress is left open in the base: API and DNS ports differ between distributions
+    // (deploy/components/agent-egress restricts it where they are known).
+    assert_eq!(types, BTreeSet::from(["Ingress"]));
     assert!(
         spec.ingress.as_deref().unwrap_or_default().is_empty(),
         "nothing in"
     );
+    assert!(spec.egress.is_none(), "egress rules in the base");
+}
+
+/// The opt-in egress restriction, rendered over the base as an operator's overlay would.
+#[test]
+fn agent_egress_component_restricts_the_agent() {
+    let tmp = temp_dir("egress");
+    let deploy = tmp.join("deploy");
+    copy_tree(&repo().join("deploy"), &deploy);
+    let overlay = tmp.join("overlay");
+    fs::create_dir_all(&overlay).expect("mkdir");
+    fs::write(
+        overlay.join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../deploy/base\ncomponents:\n  - ../deploy/components/agent-egress\n",
+    )
+    .expect("write");
+    let docs = render(&overlay);
+    let _ = fs::remove_dir_all(&tmp);
+    let d = server(&docs);
+    let ingest: i32 = flag(
+        &flags(only_container(pod_spec_of_deployment(&d))),
+        "ingest-port",
+    )
+    .parse()
+    .expect("port");
+    let server_labels = pod_labels_of_deployment(&d);
+    let tcp = |n: i32| ("TCP".to_string(), n);
+    let udp = |n: i32| ("UDP".to_string(), n);
+    let np: NetworkPolicy = one(&docs, "NetworkPolicy", AGENT);
+    let spec = np.spec.as_ref().expect("spec");
+    let types: BTreeSet<&str> = spec
+        .policy_types
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(types, BTreeSet::from(["Ingress", "Egress"]));
     let egress = spec.egress.as_deref().expect("egress");
     assert_eq!(egress.len(), 3);
     assert!(peer_selects(egress[0].to.as_ref(), &server_labels));
@@ -1823,6 +1870,44 @@ fn containerfiles_match_the_toolchain_and_the_pods() {
     assert!(agent_cf.contains("KPULSE_EBPF_OBJECT="));
     let ignore = fs::read_to_string(repo().join(".dockerignore")).expect(".dockerignore");
     assert!(ignore.lines().any(|l| l == "!target/ebpf/kpulse.bpf.o"));
+}
+
+/// The images are amd64 only: both workloads select amd64 Linux nodes; and the critical
+/// PriorityClasses they use are covered by a ResourceQuota in their namespace.
+#[test]
+fn workloads_select_what_the_images_run_on_and_their_priority_is_admitted() {
+    let docs = &fixture().base;
+    for spec in [
+        pod_spec_of_deployment(&server(docs)),
+        pod_spec_of_daemonset(&agent(docs)),
+    ] {
+        let sel = spec.node_selector.as_ref().expect("nodeSelector");
+        assert_eq!(
+            sel.get("kubernetes.io/os").map(String::as_str),
+            Some("linux")
+        );
+        assert_eq!(
+            sel.get("kubernetes.io/arch").map(String::as_str),
+            Some("amd64")
+        );
+        let class = spec
+            .priority_class_name
+            .as_deref()
+            .expect("priorityClassName");
+        let quota: ResourceQuota = one(docs, "ResourceQuota", "kpulse-critical-pods");
+        let expr = &quota
+            .spec
+            .as_ref()
+            .and_then(|s| s.scope_selector.as_ref())
+            .and_then(|s| s.match_expressions.as_ref())
+            .expect("scopeSelector")[0];
+        assert_eq!(expr.scope_name, "PriorityClass");
+        assert_eq!(expr.operator, "In");
+        assert!(
+            expr.values.iter().flatten().any(|v| v == class),
+            "{class} not covered by the quota"
+        );
+    }
 }
 
 /// A fresh clone has no deploy/generated: the base must still render (GitOps tools and

@@ -82,14 +82,22 @@ pub fn apiserver(pki: &Pki) -> Vec<String> {
     ]
 }
 
-pub fn controller_manager(pki: &Pki) -> Vec<String> {
-    let kubeconfig = p(&pki.dir.join("controller-manager.kubeconfig"));
+/// The flags kube-controller-manager and kube-scheduler share: one kubeconfig for the API,
+/// for delegated authentication and authorization; loopback serving; no leader election.
+fn control_plane_client(pki: &Pki, file: &str) -> Vec<String> {
+    let kubeconfig = p(&pki.dir.join(file));
     vec![
         format!("--kubeconfig={kubeconfig}"),
         format!("--authentication-kubeconfig={kubeconfig}"),
         format!("--authorization-kubeconfig={kubeconfig}"),
         s("--bind-address=127.0.0.1"),
         s("--leader-elect=false"),
+    ]
+}
+
+pub fn controller_manager(pki: &Pki) -> Vec<String> {
+    let mut flags = control_plane_client(pki, "controller-manager.kubeconfig");
+    flags.extend([
         // Every default controller: HPA, deployment, replicaset, garbage collector,
         // namespace, node lifecycle, service accounts, endpoints, …
         s("--controllers=*"),
@@ -104,18 +112,12 @@ pub fn controller_manager(pki: &Pki) -> Vec<String> {
             p(&pki.front_proxy_ca.cert)
         ),
         format!("--client-ca-file={}", p(&pki.ca.cert)),
-    ]
+    ]);
+    flags
 }
 
 pub fn scheduler(pki: &Pki) -> Vec<String> {
-    let kubeconfig = p(&pki.dir.join("scheduler.kubeconfig"));
-    vec![
-        format!("--kubeconfig={kubeconfig}"),
-        format!("--authentication-kubeconfig={kubeconfig}"),
-        format!("--authorization-kubeconfig={kubeconfig}"),
-        s("--bind-address=127.0.0.1"),
-        s("--leader-elect=false"),
-    ]
+    control_plane_client(pki, "scheduler.kubeconfig")
 }
 
 /// containerd's configuration (version 3): CRI with runc (cgroupfs driver), the pause

@@ -228,38 +228,35 @@ fn go(go: &Path, dir: &Path) -> Command {
     cmd
 }
 
-/// The `go.mod` of the module `module@version`, from the module cache (downloading it).
-fn module_go_mod(go_bin: &Path, dir: &Path, module: &str, version: &str) -> Result<String> {
+/// `go mod download -json module@version`: where the module cache has it.
+fn download(go_bin: &Path, dir: &Path, module: &str, version: &str) -> Result<serde_json::Value> {
     let out = crate::exec::output(go(go_bin, dir).args([
         "mod",
         "download",
         "-json",
         &format!("{module}@v{version}"),
     ]))?;
-    let info: serde_json::Value =
-        serde_json::from_str(&out).context("go mod download -json printed no JSON")?;
-    let path = info
-        .get("GoMod")
+    serde_json::from_str(&out).context("go mod download -json printed no JSON")
+}
+
+/// One string field of a `go mod download -json` answer.
+fn field<'a>(info: &'a serde_json::Value, name: &str, module: &str) -> Result<&'a str> {
+    info.get(name)
         .and_then(|v| v.as_str())
-        .with_context(|| format!("go mod download {module}: no GoMod in {out}"))?;
+        .with_context(|| format!("go mod download {module}: no {name} in {info}"))
+}
+
+/// The `go.mod` of the module `module@version`, from the module cache (downloading it).
+fn module_go_mod(go_bin: &Path, dir: &Path, module: &str, version: &str) -> Result<String> {
+    let info = download(go_bin, dir, module, version)?;
+    let path = field(&info, "GoMod", module)?;
     fs::read_to_string(path).with_context(|| format!("cannot read {path}"))
 }
 
 /// The directory of `module@version` in Go's module cache (downloading it).
 pub fn module_dir(module: &str, version: &str) -> Result<PathBuf> {
-    let go_bin = go_command()?;
-    let out = crate::exec::output(go(&go_bin, &std::env::temp_dir()).args([
-        "mod",
-        "download",
-        "-json",
-        &format!("{module}@v{version}"),
-    ]))?;
-    let info: serde_json::Value =
-        serde_json::from_str(&out).context("go mod download -json printed no JSON")?;
-    info.get("Dir")
-        .and_then(|v| v.as_str())
-        .map(PathBuf::from)
-        .with_context(|| format!("go mod download {module}: no Dir in {out}"))
+    let info = download(&go_command()?, &std::env::temp_dir(), module, version)?;
+    Ok(PathBuf::from(field(&info, "Dir", module)?))
 }
 
 /// The wrapper's `go.mod`, before `go mod tidy`.

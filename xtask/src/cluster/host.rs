@@ -235,28 +235,14 @@ fn guard_up() -> Result<()> {
     iptables(&["-t", "filter", "-F", GUARD_CHAIN])?;
     // Pod traffic that stays on the bridge (pod to pod, pod to service after DNAT) passes;
     // anything else from the pod range is dropped.
-    iptables(&[
-        "-t",
-        "filter",
-        "-A",
-        GUARD_CHAIN,
-        "-s",
-        CLUSTER_CIDR,
-        "-o",
-        BRIDGE,
-        "-j",
-        "RETURN",
-    ])?;
-    iptables(&[
-        "-t",
-        "filter",
-        "-A",
-        GUARD_CHAIN,
-        "-s",
-        CLUSTER_CIDR,
-        "-j",
-        "DROP",
-    ])?;
+    for rule in [
+        ["-o", BRIDGE, "-j", "RETURN"].as_slice(),
+        ["-j", "DROP"].as_slice(),
+    ] {
+        let mut args = vec!["-t", "filter", "-A", GUARD_CHAIN, "-s", CLUSTER_CIDR];
+        args.extend_from_slice(rule);
+        iptables(&args)?;
+    }
     if iptables(&["-t", "filter", "-C", "FORWARD", "-j", GUARD_CHAIN]).is_err() {
         iptables(&["-t", "filter", "-I", "FORWARD", "1", "-j", GUARD_CHAIN])?;
     }

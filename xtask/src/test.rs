@@ -66,14 +66,15 @@ pub fn run(opts: &Options) -> Result<()> {
     let root = vm::workspace_root()?;
     let mut passed = 0u32;
 
-    stage("eBPF toolchain and object");
+    let t = stage("eBPF toolchain and object");
     build_ebpf::run(&build_ebpf::Options {
         release: true,
         no_install: false,
     })?;
+    finished("eBPF toolchain and object", t);
     passed += 1;
 
-    stage("format and lints");
+    let t = stage("format and lints");
     exec::run(cargo().current_dir(&root).args(["fmt", "--all", "--check"]))?;
     exec::run(cargo().current_dir(&root).args([
         "clippy",
@@ -85,9 +86,10 @@ pub fn run(opts: &Options) -> Result<()> {
     // The host clippy skips ebpf/ (it only builds for bpfel-unknown-none): Debian's clippy of
     // the eBPF build's own rustc lints it.
     build_ebpf::clippy()?;
+    finished("format and lints", t);
     passed += 1;
 
-    stage("host tests (unit tests; accuracy on this kernel)");
+    let t = stage("host tests (unit tests; accuracy on this kernel)");
     exec::run(
         cargo()
             .current_dir(&root)
@@ -99,12 +101,13 @@ pub fn run(opts: &Options) -> Result<()> {
         "--exclude",
         "kpulse-ebpf",
     ]))?;
+    finished("host tests", t);
     passed += 1;
 
     if opts.no_vm {
         println!("xtask test: VM stage skipped (--no-vm)");
     } else {
-        stage("agent tests in qemu VMs (Debian kernels, pure cgroup v2)");
+        let t = stage("agent tests in qemu VMs (Debian kernels, pure cgroup v2)");
         vm::ensure_prereqs()?;
         let mut tests = Vec::with_capacity(VM_TESTS.len());
         for name in VM_TESTS {
@@ -153,6 +156,7 @@ pub fn run(opts: &Options) -> Result<()> {
             println!("stages: {passed} passed, 1 failed");
             bail!("VM stage failed: {}", failed.join(", "));
         }
+        finished("VM stage", t);
         passed += 1;
     }
     if opts.no_cluster {
@@ -183,14 +187,24 @@ pub fn run(opts: &Options) -> Result<()> {
                 started.elapsed().as_secs_f64()
             );
         }
+        finished("cluster stage", t);
         passed += 1;
     }
     println!("stages: {passed} passed, 0 failed");
     Ok(())
 }
 
-fn stage(name: &str) {
+fn stage(name: &str) -> std::time::Instant {
     println!("\n==> xtask test: {name}");
+    std::time::Instant::now()
+}
+
+/// One line per finished stage, so that CI's log says what each costs.
+fn finished(name: &str, since: std::time::Instant) {
+    println!(
+        "==> xtask test: {name}: passed in {:.0} s",
+        since.elapsed().as_secs_f64()
+    );
 }
 
 /// Builds an integration test without running it and returns its executable.

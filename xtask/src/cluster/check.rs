@@ -570,6 +570,25 @@ impl Tally {
 }
 
 fn rollouts(ctx: &Ctx<'_>) -> Result<String> {
+    // The earlier checks' namespaces go away in the background: their pods must be gone
+    // before the reader takes its list of pods that must always be there.
+    for ns in [LIFECYCLE_NS, HPA_NS] {
+        crate::exec::output(ctx.kubectl().args([
+            "wait",
+            "--for=delete",
+            &format!("namespace/{ns}"),
+            "--timeout=180s",
+        ]))
+        .or_else(|e| {
+            // `kubectl wait --for=delete` of an object that is already gone succeeds on
+            // recent kubectls and fails with NotFound on older ones.
+            if format!("{e:#}").contains("NotFound") {
+                Ok(String::new())
+            } else {
+                Err(e)
+            }
+        })?;
+    }
     let _ = crate::exec::output(ctx.kubectl().args([
         "delete",
         "namespace",

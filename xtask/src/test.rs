@@ -162,7 +162,7 @@ pub fn run(opts: &Options) -> Result<()> {
     if opts.no_cluster {
         println!("xtask test: cluster stage skipped (--no-cluster)");
     } else {
-        stage(
+        let t = stage(
             "kpulse on real Kubernetes clusters (cargo xtask cluster: up --install, check, down)",
         );
         let versions: Vec<String> = if opts.kubernetes.is_empty() {
@@ -194,6 +194,7 @@ pub fn run(opts: &Options) -> Result<()> {
     Ok(())
 }
 
+#[must_use = "the stage's start, for `finished`"]
 fn stage(name: &str) -> std::time::Instant {
     println!("\n==> xtask test: {name}");
     std::time::Instant::now()

@@ -214,8 +214,9 @@ pub fn cni_config(dirs: &Dirs) -> Result<std::path::PathBuf> {
     )
 }
 
-/// The kubelet: cgroupfs driver (as containerd's runc), cgroup v1 allowed (this machine's
-/// hybrid layout; kubelet 1.35+ refuses v1 unless told), x509 and webhook authentication,
+/// The kubelet: cgroupfs driver (as containerd's runc), pods below
+/// [`host::PODS_CGROUP`], cgroup v1 allowed (this machine's hybrid layout; kubelet 1.35+
+/// refuses v1 unless told), x509 and webhook authentication,
 /// webhook authorization, no image garbage collection (images cannot be pulled again), and
 /// a resolv.conf without upstream servers (DNS never leaves the cluster).
 pub fn kubelet_config(dirs: &Dirs, pki: &Pki) -> Result<std::path::PathBuf> {
@@ -249,6 +250,7 @@ rotateCertificates: false
 serverTLSBootstrap: false
 cgroupDriver: cgroupfs
 cgroupsPerQOS: true
+cgroupRoot: /{pods_cgroup}
 failCgroupV1: false
 failSwapOn: false
 containerRuntimeEndpoint: {endpoint}
@@ -272,6 +274,7 @@ serializeImagePulls: false
         cert = p(&pki.kubelet.cert),
         key = p(&pki.kubelet.key),
         dns = host::DNS_SERVICE_IP,
+        pods_cgroup = host::PODS_CGROUP,
         resolv = p(&resolv),
         logs = p(&dirs.data.join("pod-logs")),
     );

@@ -139,18 +139,25 @@ pub fn node_components(release: &Release) -> Vec<Component> {
                 "",
             )
         },
-        plain(
-            "containerd",
-            "github.com/containerd/containerd/v2",
-            release.containerd,
-            &[
-                "github.com/containerd/containerd/v2/cmd/containerd",
-                "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
-                "github.com/containerd/containerd/v2/cmd/ctr",
-            ],
-            // Snapshotters that need C libraries, left out as in containerd's static builds.
-            "no_btrfs,no_devmapper,no_zfs",
-        ),
+        Component {
+            // What `containerd --version` and the node's containerRuntimeVersion report.
+            ldflags_x: vec![format!(
+                "github.com/containerd/containerd/v2/version.Version=v{}",
+                release.containerd
+            )],
+            ..plain(
+                "containerd",
+                "github.com/containerd/containerd/v2",
+                release.containerd,
+                &[
+                    "github.com/containerd/containerd/v2/cmd/containerd",
+                    "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+                    "github.com/containerd/containerd/v2/cmd/ctr",
+                ],
+                // Snapshotters that need C libraries, left out as in containerd's static builds.
+                "no_btrfs,no_devmapper,no_zfs",
+            )
+        },
         Component {
             cgo: true,
             ..plain(

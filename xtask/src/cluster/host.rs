@@ -4,7 +4,7 @@
 //! Everything it starts runs in cgroup `kpulse-cluster/<name>` of the cgroup2 hierarchy
 //! (`/sys/fs/cgroup/unified` on systemd's hybrid layout), joined before exec, so that every
 //! descendant (containerd's shims too) can be found and ended; the kubelet's pods live in
-//! its `kubepods` cgroups. All addresses are on the bridge this module creates
+//! `kpulse-cluster-pods/kubepods` (its `cgroupRoot`), in every hierarchy. All addresses are on the bridge this module creates
 //! ([`BRIDGE`]), the service range routed onto it, or loopback. A rule at the top of
 //! iptables' FORWARD chain drops anything from the pod range that would leave by another
 //! interface, so nothing a pod sends reaches another machine.
@@ -38,8 +38,9 @@ pub const DNS_SERVICE_IP: &str = "10.96.0.10";
 const GUARD_CHAIN: &str = "KPULSE-CLUSTER-GUARD";
 /// Name of the cgroup holding everything started here.
 pub const CGROUP: &str = "kpulse-cluster";
-/// The kubelet's top cgroup (cgroupfs driver).
-const KUBEPODS: &str = "kubepods";
+/// The kubelet's `cgroupRoot`: its `kubepods` tree goes below it, in every hierarchy, so that
+/// `down` ends the pods of this cluster only, never those of another kubelet on the machine.
+pub const PODS_CGROUP: &str = "kpulse-cluster-pods";
 /// Sockets and containerd's state: short paths (sockets are limited to 108 bytes).
 pub const RUN_DIR: &str = "/run/kpulse-cluster";
 /// sysctls set for the cluster, restored by `down`.
@@ -312,6 +313,30 @@ fn iptables_down() -> Vec<String> {
     problems
 }
 
+/// Creates the kubelet's `cgroupRoot` ([`PODS_CGROUP`]) in every hierarchy (the kubelet
+/// requires it to exist); in a v1 cpuset hierarchy it gets its parent's CPUs and memory
+/// nodes, without which no task could join it.
+pub fn pod_cgroups_up() -> Result<()> {
+    for m in mounts()?
+        .into_iter()
+        .filter(|m| m.fstype == "cgroup" || m.fstype == "cgroup2")
+    {
+        let dir = m.point.join(PODS_CGROUP);
+        fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create cgroup {}", dir.display()))?;
+        for file in ["cpuset.cpus", "cpuset.mems"] {
+            let parent = m.point.join(file);
+            if m.fstype == "cgroup" && parent.exists() {
+                let value = fs::read_to_string(&parent)
+                    .with_context(|| format!("cannot read {}", parent.display()))?;
+                fs::write(dir.join(file), value.trim())
+                    .with_context(|| format!("cannot write {}", dir.join(file).display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The words of a rule as `iptables -S` prints it: space-separated, with double-quoted
 /// words (comments) kept whole and unquoted.
 fn split_rule(rule: &str) -> Vec<String> {
@@ -521,7 +546,7 @@ pub fn teardown(dirs: &Dirs) -> Vec<String> {
         Ok(hs) => {
             for h in hs {
                 ours.push(h.join(CGROUP));
-                pods.push(h.join(KUBEPODS));
+                pods.push(h.join(PODS_CGROUP));
             }
         }
         Err(e) => problems.push(format!("{e:#}")),
@@ -638,7 +663,7 @@ pub fn leftovers(dirs: &Dirs) -> Vec<String> {
     let mut found = Vec::new();
     if let Ok(hs) = hierarchies() {
         for h in hs {
-            for name in [CGROUP, KUBEPODS] {
+            for name in [CGROUP, PODS_CGROUP] {
                 let dir = h.join(name);
                 if dir.exists() {
                     let pids = cgroup_pids(&dir);

@@ -435,6 +435,7 @@ fn start(dirs: &Dirs, built: &Built, release: &versions::Release) -> Result<()> 
 
     let t = step(&format!("kubelet {}", release.kubernetes));
     daemons::cni_config(dirs)?;
+    host::pod_cgroups_up()?;
     let config = daemons::kubelet_config(dirs, &pki)?;
     let pid = host::start(
         dirs,

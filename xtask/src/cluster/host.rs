@@ -476,24 +476,36 @@ pub fn wait_for(
     }
 }
 
-/// PIDs in cgroup `dir` and below.
-fn cgroup_pids(dir: &Path) -> Vec<u32> {
-    let mut pids = Vec::new();
+/// Cgroup `dir` and every cgroup below it (nothing when it does not exist).
+fn cgroup_tree(dir: &Path) -> Vec<PathBuf> {
+    let mut all = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        if let Ok(text) = fs::read_to_string(d.join("cgroup.procs")) {
-            pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
-        }
-        if let Ok(entries) = fs::read_dir(&d) {
-            stack.extend(
-                entries
-                    .flatten()
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.path()),
-            );
-        }
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        stack.extend(
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+        all.push(d);
     }
-    pids
+    all
+}
+
+/// PIDs in cgroup `dir` and below.
+fn cgroup_pids(dir: &Path) -> Vec<u32> {
+    cgroup_tree(dir)
+        .iter()
+        .filter_map(|d| fs::read_to_string(d.join("cgroup.procs")).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|l| l.trim().parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 fn signal(pids: &[u32], sig: &str) {
@@ -513,19 +525,7 @@ fn remove_cgroup_tree(dir: &Path) -> Result<()> {
     if !dir.exists() {
         return Ok(());
     }
-    let mut dirs = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        if let Ok(entries) = fs::read_dir(&d) {
-            stack.extend(
-                entries
-                    .flatten()
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.path()),
-            );
-        }
-        dirs.push(d);
-    }
+    let mut dirs = cgroup_tree(dir);
     dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
     for d in dirs {
         fs::remove_dir(&d).with_context(|| format!("cannot remove cgroup {}", d.display()))?;

@@ -167,6 +167,8 @@ pub fn migrate(root: &Path, dirs: &Dirs, bin: &Path) -> Result<String> {
                 "deployment,service",
                 "metrics-server",
             ]))?;
+            // Keep the reader going for a while after metrics-server is gone: a client still
+            // routed to it (a stale endpoint, a cached discovery) would fail now.
             thread::sleep(Duration::from_secs(10));
             Ok(())
         };

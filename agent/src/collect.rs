@@ -66,6 +66,12 @@ pub trait Collector: Send {
     fn source(&self) -> Source;
     /// Reads every cgroup under the scope's root, and the node totals.
     fn collect(&mut self) -> Result<Snapshot, CollectError>;
+    /// When the cgroup `id` (as in the snapshots) was made, in nanoseconds of the boot
+    /// clock: the instant its counters were zero. `None` where this collector cannot know
+    /// (cgroupfs keeps no creation time; eBPF only for cgroups made while it runs).
+    fn birth(&self, _id: u64) -> Option<u64> {
+        None
+    }
     /// What the collector did and holds, for the agent's self-metrics: counters since it
     /// was made, sizes as of the last tick.
     fn stats(&self) -> CollectorStats {
@@ -332,6 +338,13 @@ impl EbpfCollector {
         };
         c.refresh_flush_dirs()?;
         c.self_check()?;
+        if let Some(why) = c.iter.births_error() {
+            tracing::warn!(
+                error = why,
+                "cgroup creation instants unavailable: a new container's first value waits \
+                 for its second sample unless its processes are visible in /proc"
+            );
+        }
         tracing::info!(
             program_id = c.iter.program_id().unwrap_or(0),
             link_ids = ?c.link_ids(),
@@ -713,6 +726,10 @@ impl Collector for EbpfCollector {
         Source::Ebpf
     }
 
+    fn birth(&self, id: u64) -> Option<u64> {
+        self.iter.birth(id)
+    }
+
     fn stats(&self) -> CollectorStats {
         CollectorStats {
             walk_records: (self.records.len() + self.mem_records.len()) as u64,
@@ -936,6 +953,10 @@ impl Collector for AutoCollector {
             Some(_) => Source::Ebpf,
             None => Source::Cgroupfs,
         }
+    }
+
+    fn birth(&self, id: u64) -> Option<u64> {
+        self.ebpf.as_ref()?.birth(id)
     }
 
     fn stats(&self) -> CollectorStats {

@@ -58,6 +58,10 @@ pub struct KernelLayout {
     pub vmstats_anon: u64,
     /// How `state[]` is indexed, for logs.
     pub vmstats_indexing: VmstatsIndexing,
+    /// `struct cgroup` → `root` (`cgroup_mkdir` keeps the default hierarchy's cgroups only).
+    pub cgroup_root: u64,
+    /// `struct cgroup_root` → `hierarchy_id`.
+    pub root_hierarchy_id: u64,
 }
 
 /// How `memcg_vmstats.state[]` is indexed on this kernel.
@@ -156,6 +160,8 @@ impl KernelLayout {
             vmstats_inactive_file: state_off + inactive_idx * state_elem,
             vmstats_anon: state_off + anon_idx * state_elem,
             vmstats_indexing: indexing,
+            cgroup_root: k.member("cgroup", &["root"])?.0,
+            root_hierarchy_id: k.member("cgroup_root", &["hierarchy_id"])?.0,
         })
     }
 }

@@ -20,7 +20,7 @@ use aya::{
     programs::{BtfTracePoint, Iter},
     Btf, Ebpf, EbpfLoader,
 };
-use kpulse_common::{globals, CgroupRecord, WalkEnd, RECORDS_MAP, RECORD_VERSION};
+use kpulse_common::{globals, CgroupRecord, WalkEnd, BIRTHS_MAP, RECORDS_MAP, RECORD_VERSION};
 
 use crate::kernel_layout::{KernelLayout, LayoutError};
 
@@ -142,6 +142,8 @@ pub struct CgroupIter {
     buf: Vec<u8>,
     /// `cgroup_stats`' kernel id: what each of our links must run.
     prog_id: u32,
+    /// `tp_btf/cgroup_mkdir` attached, or why not.
+    births: Result<(), String>,
 }
 
 /// The `BPF_F_MMAPABLE` records array, mapped into this process.
@@ -204,11 +206,13 @@ fn open_object(
     btf: &Btf,
     layout: &KernelLayout,
     records: u32,
+    births: u32,
     sched_cgroups: u32,
 ) -> Result<Ebpf, ProbeError> {
     let mut loader = EbpfLoader::new();
     loader.btf(Some(btf));
     loader.map_max_entries(RECORDS_MAP, records);
+    loader.map_max_entries(BIRTHS_MAP, births);
     loader.map_max_entries(SCHED_MAP, sched_cgroups);
     loader_with_layout(&mut loader, layout);
     Ok(loader.load(object)?)
@@ -231,7 +235,9 @@ fn loader_with_layout<'a>(loader: &mut EbpfLoader<'a>, l: &'a KernelLayout) {
             &l.vmstats_inactive_file,
             true,
         )
-        .override_global(globals::VMSTATS_ANON, &l.vmstats_anon, true);
+        .override_global(globals::VMSTATS_ANON, &l.vmstats_anon, true)
+        .override_global(globals::CGROUP_ROOT, &l.cgroup_root, true)
+        .override_global(globals::ROOT_HIERARCHY_ID, &l.root_hierarchy_id, true);
 }
 
 impl CgroupIter {
@@ -253,7 +259,14 @@ impl CgroupIter {
         layout: KernelLayout,
     ) -> Result<CgroupIter, ProbeError> {
         let btf = Btf::from_sys_fs().map_err(|_| ProbeError::NoBtf)?;
-        let mut ebpf = open_object(object, &btf, &layout, max_cgroups.max(1), 1)?;
+        let mut ebpf = open_object(
+            object,
+            &btf,
+            &layout,
+            max_cgroups.max(1),
+            kpulse_common::BIRTHS_MAX,
+            1,
+        )?;
         let records = map_records(&ebpf, max_cgroups.max(1))?;
         let prog: &mut Iter = ebpf
             .program_mut("cgroup_stats")
@@ -263,9 +276,13 @@ impl CgroupIter {
         prog.load("cgroup", &btf)
             .map_err(prog_err("cgroup_stats"))?;
         let prog_id = prog.info().map_err(prog_err("cgroup_stats"))?.id();
-        // No process may write the records or the walk counters from user space (by map
-        // id, with BPF_MAP_UPDATE_ELEM or a writable mmap); the program still can.
-        for name in [RECORDS_MAP, BSS_MAP] {
+        // Start times are an addition: without them a new container's first value waits
+        // for its second sample, so a failure here is reported, not fatal.
+        let births = attach_births(&mut ebpf, &btf).map_err(|e| crate::error::chain(&e));
+        // No process may write the records, the walk counters or the creation instants
+        // from user space (by map id, with BPF_MAP_UPDATE_ELEM or a writable mmap); the
+        // programs still can.
+        for name in [RECORDS_MAP, BSS_MAP, BIRTHS_MAP] {
             freeze(&ebpf, name)?;
         }
         Ok(CgroupIter {
@@ -274,7 +291,24 @@ impl CgroupIter {
             records,
             buf: vec![0; 4096],
             prog_id,
+            births,
         })
+    }
+
+    /// Why cgroup creation instants are not recorded, if they are not
+    /// (`tp_btf/cgroup_mkdir` failed to load or attach).
+    pub fn births_error(&self) -> Option<&str> {
+        self.births.as_ref().err().map(String::as_str)
+    }
+
+    /// When the default-hierarchy cgroup `id` was made, in nanoseconds of the boot clock
+    /// (`CLOCK_BOOTTIME`), if it was made while this program was attached and is still
+    /// remembered.
+    pub fn birth(&self, id: u64) -> Option<u64> {
+        self.births.as_ref().ok()?;
+        let map = self.ebpf.map(BIRTHS_MAP)?;
+        let map: aya::maps::HashMap<_, u64, u64> = aya::maps::HashMap::try_from(map).ok()?;
+        map.get(&id, 0).ok()
     }
 
     /// The program's kernel id.
@@ -557,11 +591,28 @@ pub fn page_size() -> u64 {
     u64::try_from(v).unwrap_or(4096)
 }
 
+/// Loads and attaches `tp_btf/cgroup_mkdir`, which fills [`BIRTHS_MAP`].
+fn attach_births(ebpf: &mut Ebpf, btf: &Btf) -> Result<(), ProbeError> {
+    let prog: &mut BtfTracePoint = ebpf
+        .program_mut("cgroup_mkdir")
+        .ok_or(ProbeError::MissingProgram("cgroup_mkdir"))?
+        .try_into()
+        .map_err(prog_err("cgroup_mkdir"))?;
+    prog.load("cgroup_mkdir", btf)
+        .map_err(prog_err("cgroup_mkdir"))?;
+    prog.attach().map_err(prog_err("cgroup_mkdir"))?;
+    Ok(())
+}
+
 /// The [`aya::maps::MapData`] behind any map kind this agent's objects have.
 fn map_data(m: &aya::maps::Map) -> Option<&aya::maps::MapData> {
     use aya::maps::Map;
     match m {
-        Map::Array(d) | Map::PerCpuArray(d) | Map::HashMap(d) | Map::PerCpuHashMap(d) => Some(d),
+        Map::Array(d)
+        | Map::PerCpuArray(d)
+        | Map::HashMap(d)
+        | Map::LruHashMap(d)
+        | Map::PerCpuHashMap(d) => Some(d),
         _ => None,
     }
 }
@@ -629,6 +680,7 @@ impl SchedSwitch {
             object,
             &btf,
             &KernelLayout::default(),
+            1,
             1,
             kpulse_common::SCHED_MAX_CGROUPS,
         )?;

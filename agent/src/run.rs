@@ -34,8 +34,9 @@ pub struct TickLoop {
     pub attributor: Attributor,
     /// Tick interval.
     pub resolution: Duration,
-    /// Where containers' start times are read (`cgroup.procs`): the cgroup2 mount; `None`
-    /// sends no start times (the server then waits for two points).
+    /// Where containers' start times are read (`cgroup.procs`) when the collector has no
+    /// creation instant: the cgroup2 mount; `None`: creation instants only (see
+    /// `starttime`).
     pub procs_root: Option<std::path::PathBuf>,
     /// Self-metrics.
     pub metrics: Arc<AgentMetrics>,
@@ -95,7 +96,7 @@ impl TickLoop {
             procs_root,
             metrics,
         } = self;
-        let mut starts = procs_root.map(|p| crate::starttime::StartTimes::new(&p));
+        let mut starts = Some(crate::starttime::StartTimes::new(procs_root.as_deref()));
         let phase = Duration::from_nanos(fastrand::u64(
             0..u64::try_from(resolution.as_nanos())
                 .unwrap_or(u64::MAX)
@@ -134,11 +135,11 @@ impl TickLoop {
             let joined = tokio::task::spawn_blocking(move || {
                 let r = c.collect().map(|s| {
                     let mut a = index.join(&s);
-                    // Without a cgroup2 mount to read from, no start times (see `starttime`).
-                    if let Some(st) = st.as_mut() {
-                        st.fill(&s, &mut a.counters);
-                    }
-                    (s, a, index)
+                    let found = st
+                        .as_mut()
+                        .map(|st| st.fill(&s, c.as_ref(), &mut a.counters))
+                        .unwrap_or_default();
+                    (s, a, index, found)
                 });
                 (c, st, r)
             })
@@ -157,7 +158,7 @@ impl TickLoop {
             }
             collector = Some(c);
             starts = st;
-            let (snap, attribution, index) = match result {
+            let (snap, attribution, index, found) = match result {
                 Ok(r) => r,
                 Err(e) => {
                     metrics.collection_errors.inc();
@@ -172,6 +173,7 @@ impl TickLoop {
             if seen.error.take().is_some() {
                 tracing::info!("collection works again");
             }
+            metrics.start_times.record(found);
             metrics
                 .cgroups
                 .set(i64::try_from(snap.cgroups.len()).unwrap_or(i64::MAX));

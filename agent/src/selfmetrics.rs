@@ -17,6 +17,7 @@
 //! | `kpulse_agent_ebpf_walk_records` | gauge, per tick | none |
 //! | `kpulse_agent_path_cache_entries` | gauge, per tick | none |
 //! | `kpulse_agent_start_time_cache_entries` | gauge, per tick | none |
+//! | `kpulse_agent_start_times_total` | counter, per new container cgroup | `source` (`creation`, `processes`, `unknown`) |
 //! | `kpulse_agent_pods` | gauge, per tick | none |
 //! | `kpulse_agent_sent_ticks_total` | counter | `replica` |
 //! | `kpulse_agent_dropped_ticks_total` | counter | `replica` |
@@ -105,6 +106,8 @@ pub struct AgentMetrics {
     pub collector: CollectorMetrics,
     /// Entries of the start-time cache (`starttime`), last tick.
     pub start_time_cache_entries: Gauge,
+    /// Where new containers' start times came from (`starttime::Found`).
+    pub start_times: StartTimeMetrics,
     /// Pods in the attribution index, last tick.
     pub pods: Gauge,
     /// The shipper's metrics.
@@ -115,6 +118,32 @@ pub struct AgentMetrics {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CollectorLabel {
     collector: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StartSourceLabel {
+    source: &'static str,
+}
+
+/// Container cgroups seen for the first time, by where their start time came from.
+#[derive(Debug, Default)]
+pub struct StartTimeMetrics {
+    by_source: Family<StartSourceLabel, Counter>,
+}
+
+impl StartTimeMetrics {
+    /// Adds one [`StartTimes::fill`](crate::starttime::StartTimes::fill)'s counts.
+    pub fn record(&self, found: crate::starttime::Found) {
+        for (source, n) in [
+            ("creation", found.creation),
+            ("processes", found.processes),
+            ("unknown", found.unknown),
+        ] {
+            self.by_source
+                .get_or_create(&StartSourceLabel { source })
+                .inc_by(n);
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -221,6 +250,7 @@ impl AgentMetrics {
         let cgroups = Gauge::default();
         let collector = CollectorMetrics::default();
         let start_time_cache_entries = Gauge::default();
+        let start_times = StartTimeMetrics::default();
         let pods = Gauge::default();
         let ship = Arc::new(ShipMetrics::default());
         {
@@ -259,6 +289,11 @@ impl AgentMetrics {
                 start_time_cache_entries.clone(),
             );
             r.register(
+                "start_times",
+                "Container cgroups seen for the first time, by where their start time came from: the cgroup's creation (eBPF), its earliest process (/proc), or unknown (the first value waits for a second sample)",
+                start_times.by_source.clone(),
+            );
+            r.register(
                 "pods",
                 "Pods in the attribution index (watched, or in --pods-file)",
                 pods.clone(),
@@ -276,6 +311,7 @@ impl AgentMetrics {
             cgroups,
             collector,
             start_time_cache_entries,
+            start_times,
             pods,
             ship,
             registry,

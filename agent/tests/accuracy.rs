@@ -10,6 +10,9 @@
 //!   the same tick;
 //! - the cgroupfs collector gives the same answers as eBPF; `auto` falls back to it with
 //!   a warning when eBPF cannot load;
+//! - a cgroup made while the eBPF collector runs has its creation instant (`birth`),
+//!   between boot-clock reads just before and after the `mkdir`; one made before it has
+//!   none, and a v1 hierarchy's cgroup is not taken for a v2 one (see `births`);
 //! - in the VM stage only, stepping the wall clock back and forward changes no window
 //!   between two samples (see `clock_steps`);
 //! - afterwards no cgroup, process or BPF program of the test is left.
@@ -224,9 +227,9 @@ fn run() -> usize {
     let mut ebpf =
         EbpfCollector::new(scope.clone(), object_override().as_deref()).expect("eBPF collector");
     println!("accuracy: kernel layout {:?}", ebpf.kernel_layout());
-    let mut fs = CgroupfsCollector::new(scope.clone());
-    let mut checks = 0;
     let mut failures = Vec::new();
+    let mut checks = births(&ebpf, &layout, &mut cg, &parent, &mut failures);
+    let mut fs = CgroupfsCollector::new(scope.clone());
 
     for collector in [
         &mut ebpf as &mut dyn Collector,
@@ -439,6 +442,72 @@ fn run() -> usize {
 /// clock's again, and the boot instant (the node's `started_at`, and the base of every
 /// container's) moved by the step, which makes the aggregator restart every series instead
 /// of computing a rate across the step.
+/// Boot-clock nanoseconds (`CLOCK_BOOTTIME`, the clock the eBPF program reads).
+fn boottime_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME)");
+    u64::try_from(ts.tv_sec).expect("seconds") * 1_000_000_000
+        + u64::try_from(ts.tv_nsec).expect("nanoseconds")
+}
+
+/// The `cgroup_mkdir` program's creation instants: a cgroup made now has one, inside the
+/// boot-clock bracket of its `mkdir`; `spin` (made before the collector loaded) has none;
+/// on a hybrid node, the v1 memory cgroup made by the same `add_kid` is not recorded
+/// under its own (v1) id.
+fn births(
+    ebpf: &EbpfCollector,
+    layout: &Layout,
+    cg: &mut TestCgroups,
+    parent: &str,
+    failures: &mut Vec<String>,
+) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let dir_id = |mount: &Path, kid: &str| {
+        std::fs::metadata(mount.join(parent).join(kid))
+            .expect("cgroup directory")
+            .ino()
+    };
+    let before = boottime_ns();
+    cg.add_kid(layout, parent, "born").expect("mkdir born");
+    let after = boottime_ns();
+    let id = dir_id(layout.cpu_mount(), "born");
+    let mut checks = 1;
+    match ebpf.birth(id) {
+        Some(at) if (before..=after).contains(&at) => println!(
+            "accuracy: cgroup made at boot+{at} ns, between {before} and {after} ns around mkdir"
+        ),
+        other => failures.push(format!(
+            "birth of the new cgroup (id {id}): {other:?}, want within {before}..={after}"
+        )),
+    }
+    checks += 1;
+    let spin = dir_id(layout.cpu_mount(), "spin");
+    if let Some(at) = ebpf.birth(spin) {
+        failures.push(format!(
+            "cgroup made before the program loaded has a birth: {at}"
+        ));
+    }
+    if let Layout::Hybrid { memory, .. } = layout {
+        let v1 = dir_id(memory, "born");
+        if v1 != id {
+            checks += 1;
+            if let Some(at) = ebpf.birth(v1) {
+                failures.push(format!(
+                    "v1 memory cgroup (id {v1}) recorded as a v2 birth at {at}"
+                ));
+            }
+        }
+    }
+    assert!(cg.remove_kid("born"), "rmdir born");
+    checks
+}
+
 fn clock_steps(ebpf: &mut EbpfCollector, spin: &str, failures: &mut Vec<String>) -> usize {
     use kpulse_agent::clock;
     const HALF: Duration = Duration::from_millis(500);

@@ -90,6 +90,14 @@ unsafe impl aya::Pod for CgroupRecord {}
 #[allow(unsafe_code)]
 unsafe impl aya::Pod for WalkEnd {}
 
+/// Name of the map of cgroup creation instants (`cgroup_mkdir`).
+pub const BIRTHS_MAP: &str = "CGROUP_BIRTHS";
+
+/// Entries of [`BIRTHS_MAP`]: cgroups made since the agent started, the oldest given up
+/// first. The agent reads an entry about a tick after the cgroup is made, so this only has
+/// to outlast the cgroups a node can create in a few seconds.
+pub const BIRTHS_MAX: u32 = 8_192;
+
 /// Maximum number of cgroups tracked by the scheduler-path program's map.
 pub const SCHED_MAX_CGROUPS: u32 = 16_384;
 
@@ -120,4 +128,8 @@ pub mod globals {
     pub const VMSTATS_INACTIVE_FILE: &str = "OFF_VMSTATS_INACTIVE_FILE";
     /// Byte offset of `state[anon]` inside `struct memcg_vmstats`.
     pub const VMSTATS_ANON: &str = "OFF_VMSTATS_ANON";
+    /// `offsetof(struct cgroup, root)`.
+    pub const CGROUP_ROOT: &str = "OFF_CGROUP_ROOT";
+    /// `offsetof(struct cgroup_root, hierarchy_id)`.
+    pub const ROOT_HIERARCHY_ID: &str = "OFF_ROOT_HIERARCHY_ID";
 }

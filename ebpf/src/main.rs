@@ -3,6 +3,10 @@
 //! - `cgroup_stats` (`iter/cgroup`): walks a cgroup hierarchy and copies each cgroup's
 //!   own CPU and memory counters into a [`CgroupRecord`]. Nothing runs on any hot
 //!   path: the kernel already keeps these counters, we only read them.
+//! - `cgroup_mkdir` (`tp_btf/cgroup_mkdir`): notes the boot-clock instant each cgroup of
+//!   the default (v2) hierarchy is made, the instant its counters were zero. The agent
+//!   reads it as a new container's start time: no process IDs, so it works from the
+//!   agent's own PID namespace. Runs only when a cgroup is created.
 //! - `sched_switch` (`tp_btf/sched_switch`): the scheduler-path alternative, kept to
 //!   measure against (see docs/design/collection.md); the agent does not attach it
 //!   in normal operation.
@@ -19,10 +23,11 @@ use aya_ebpf::{
     bindings::BPF_F_MMAPABLE,
     helpers::{
         bpf_get_current_cgroup_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        bpf_probe_read_kernel_str_bytes, generated::bpf_seq_write,
+        bpf_probe_read_kernel_str_bytes,
+        generated::{bpf_ktime_get_boot_ns, bpf_seq_write},
     },
     macros::{btf_tracepoint, map},
-    maps::{Array, PerCpuArray, PerCpuHashMap},
+    maps::{Array, LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::BtfTracePointContext,
 };
 use kpulse_common::{
@@ -66,6 +71,10 @@ static VMSTATS_IS_PTR: u64 = 0;
 static OFF_VMSTATS_INACTIVE_FILE: u64 = 0;
 #[no_mangle]
 static OFF_VMSTATS_ANON: u64 = 0;
+#[no_mangle]
+static OFF_CGROUP_ROOT: u64 = 0;
+#[no_mangle]
+static OFF_ROOT_HIERARCHY_ID: u64 = 0;
 
 #[inline(always)]
 fn global(v: &'static u64) -> u64 {
@@ -209,6 +218,37 @@ fn fill(cgrp: u64, rec: &mut CgroupRecord) -> Result<(), i32> {
         }
     }
     Ok(())
+}
+
+/// Boot-clock nanoseconds at which each cgroup of the default hierarchy was made, by cgroup
+/// id. LRU: the agent looks an entry up when it first sees the cgroup, a tick or so after
+/// its creation; the oldest entries give way. The loader sets the size.
+#[map]
+static CGROUP_BIRTHS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(1, 0);
+
+/// `tp_btf/cgroup_mkdir` (`struct cgroup *cgrp, const char *path`), called once the new
+/// cgroup is complete: note when it was made, if it belongs to the default (v2) hierarchy,
+/// whose ids the collector reports (v1 hierarchies number their cgroups separately).
+#[btf_tracepoint(function = "cgroup_mkdir")]
+pub fn cgroup_mkdir(ctx: BtfTracePointContext) -> i32 {
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    let cgrp: u64 = ctx.arg(0);
+    let _ = record_birth(cgrp, now);
+    0
+}
+
+#[inline(always)]
+fn record_birth(cgrp: u64, now: u64) -> Result<(), i32> {
+    unsafe {
+        let root = read_u64(cgrp, global(&OFF_CGROUP_ROOT))?;
+        // The default hierarchy is hierarchy 0 (the `0::` line of /proc/PID/cgroup).
+        if read_i32(root, global(&OFF_ROOT_HIERARCHY_ID))? != 0 {
+            return Ok(());
+        }
+        let kn = read_u64(cgrp, global(&OFF_CGROUP_KN))?;
+        let id = read_u64(kn, global(&OFF_KN_ID))?;
+        CGROUP_BIRTHS.insert(id, now, 0)
+    }
 }
 
 /// Scheduler-path accounting, for comparison only: on-CPU nanoseconds per cgroup id,

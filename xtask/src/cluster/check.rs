@@ -336,6 +336,7 @@ fn pod_lifecycle_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
     );
     let file = ctx.dirs.etc.join("check-sleepers.json");
     std::fs::write(&file, manifest)?;
+    let sources_before = agent_start_sources(ctx)?;
     crate::exec::output(ctx.kubectl().arg("apply").arg("-f").arg(&file))?;
     // Poll every 100 ms: for each pod, the first time kpulse lists it, against the time its
     // container started (kubelet's startedAt, whole seconds).
@@ -372,6 +373,17 @@ fn pod_lifecycle_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
         delays.len()
     );
     delays.sort_by(f64::total_cmp);
+    // Each new container's start time must come from its cgroup's creation (the agent's
+    // `cgroup_mkdir` program): from the agent's own PID namespace no process is visible.
+    let sources_after = agent_start_sources(ctx)?;
+    let from_creation = sources_after.creation - sources_before.creation;
+    let unknown = sources_after.unknown - sources_before.unknown;
+    ensure!(
+        from_creation >= LIFECYCLE_REPLICAS as f64,
+        "start times of the {LIFECYCLE_REPLICAS} new containers: {from_creation} from their \
+         cgroups' creation, {unknown} unknown (agent metrics before {sources_before:?}, \
+         after {sources_after:?})"
+    );
     let deleted_at = Instant::now();
     crate::exec::output(ctx.kubectl().args([
         "delete",
@@ -392,11 +404,80 @@ fn pod_lifecycle_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
         thread::sleep(Duration::from_millis(100));
     };
     Ok(format!(
-        "{LIFECYCLE_REPLICAS} pods listed {:.1}–{:.1} s after their containers started (startedAt has whole seconds); gone {:.1} s after `kubectl delete`",
+        "{LIFECYCLE_REPLICAS} pods listed {:.1}–{:.1} s after their containers started (startedAt has whole seconds; start times from cgroup creation: {from_creation}, unknown: {unknown}); gone {:.1} s after `kubectl delete`",
         delays[0],
         delays[delays.len() - 1],
         gone.as_secs_f64()
     ))
+}
+
+/// The agent's `kpulse_agent_start_times_total`, by source.
+#[derive(Debug, Default)]
+struct StartSources {
+    creation: f64,
+    processes: f64,
+    unknown: f64,
+}
+
+/// Reads the (single) agent's self-metrics. They listen on the pod's loopback only, so
+/// they are read from the node, inside the agent's network namespace: the container's PID
+/// from the cluster's own `crictl`, then `nsenter --net` and `curl`.
+fn agent_start_sources(ctx: &Ctx<'_>) -> Result<StartSources> {
+    let pods = ctx.json(&[
+        "get",
+        "pods",
+        "-n",
+        "kpulse-system",
+        "-l",
+        "app.kubernetes.io/name=kpulse-agent",
+    ])?;
+    let id = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["status"]["containerStatuses"][0]["containerID"].as_str())
+        .find_map(|id| id.strip_prefix("containerd://"))
+        .context("no running agent container")?
+        .to_owned();
+    let inspect = crate::exec::output(
+        Command::new(super::crictl(ctx.dirs))
+            .arg("--runtime-endpoint")
+            .arg(format!("unix://{}", ctx.dirs.containerd_socket().display()))
+            .args(["inspect", "-o", "json", &id]),
+    )?;
+    let pid = serde_json::from_str::<Value>(&inspect).context("crictl inspect printed no JSON")?
+        ["info"]["pid"]
+        .as_u64()
+        .filter(|p| *p > 0)
+        .with_context(|| format!("no PID for agent container {id}"))?;
+    let text = crate::exec::output(Command::new("nsenter").args([
+        "-t",
+        &pid.to_string(),
+        "--net",
+        "--",
+        "curl",
+        "-sS",
+        "--max-time",
+        "5",
+        "http://127.0.0.1:9464/metrics",
+    ]))?;
+    let mut s = StartSources::default();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("kpulse_agent_start_times_total{source=\"") else {
+            continue;
+        };
+        let Some((source, value)) = rest.split_once("\"} ") else {
+            continue;
+        };
+        let v: f64 = value.trim().parse().context("start_times value")?;
+        match source {
+            "creation" => s.creation = v,
+            "processes" => s.processes = v,
+            "unknown" => s.unknown = v,
+            _ => {}
+        }
+    }
+    Ok(s)
 }
 
 const HPA_NS: &str = "kpulse-hpa";

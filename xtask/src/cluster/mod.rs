@@ -612,13 +612,7 @@ fn teardown(dirs: &Dirs) -> Vec<String> {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    let crictl = dirs.build.join(format!(
-        "crictl-{}/bin/crictl",
-        fs::read_to_string(dirs.state.join("release"))
-            .ok()
-            .and_then(|v| versions::release(v.trim()))
-            .map_or(versions::RELEASES[0].cri_tools, |r| r.cri_tools)
-    ));
+    let crictl = crictl(dirs);
     if dirs.containerd_socket().exists() && crictl.is_file() {
         let _ = Command::new("timeout")
             .arg("60")
@@ -631,6 +625,17 @@ fn teardown(dirs: &Dirs) -> Vec<String> {
             .status();
     }
     host::teardown(dirs)
+}
+
+/// The cluster's `crictl` (of the release that is up, or the newest).
+fn crictl(dirs: &Dirs) -> PathBuf {
+    dirs.build.join(format!(
+        "crictl-{}/bin/crictl",
+        fs::read_to_string(dirs.state.join("release"))
+            .ok()
+            .and_then(|v| versions::release(v.trim()))
+            .map_or(versions::RELEASES[0].cri_tools, |r| r.cri_tools)
+    ))
 }
 
 fn down() -> Result<()> {

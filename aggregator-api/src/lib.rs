@@ -6,11 +6,13 @@
 //! agent may only report its own node), or a [`feed`] file of the same messages loads it
 //! offline. The data flow, one module per arrow:
 //! [`ingest`] / [`feed`] → [`session`] (one per node: metadata + counters joined into full
-//! node batches) → [`store`] (+ [`metadata`]) → [`api`] (objects, selectors, encodings,
-//! watches) → [`app`] (authentication, authorization, health) → [`serve`] (HTTPS).
+//! node batches) → [`store`] (+ [`metadata`], with [`nodes`] from the API) → [`api`]
+//! (objects, selectors, encodings, watches) → [`app`] (authentication, authorization,
+//! health) → [`serve`] (HTTPS).
 //!
-//! It is not a Kubernetes client beyond TokenReview, SubjectAccessReview and the
-//! authentication ConfigMap: which pods exist comes from the agents, not from a watch.
+//! It is not a Kubernetes client beyond TokenReview, SubjectAccessReview, the
+//! authentication ConfigMap and a metadata-only watch of Nodes ([`nodes`]: which nodes
+//! exist, and their labels): which pods exist comes from the agents, not from a watch.
 
 pub mod api;
 pub mod app;
@@ -22,6 +24,7 @@ pub mod fuzzing;
 pub mod health;
 pub mod ingest;
 pub mod metadata;
+pub mod nodes;
 pub mod quantity;
 pub mod selfmetrics;
 pub mod serve;

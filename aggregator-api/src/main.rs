@@ -104,7 +104,19 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         ))
         .context("store configuration")?,
     );
-    let metadata = StreamMetadata::new();
+    // Nodes from the API as metrics-server's Node informer (labels, existence), where there
+    // is one; from the agents alone where not (standalone, the test doubles).
+    let metadata = match &client {
+        Some(client) => {
+            let nodes = kpulse_aggregator_api::nodes::ClusterNodes::new();
+            tokio::spawn(kpulse_aggregator_api::nodes::follow(
+                client.clone(),
+                nodes.clone(),
+            ));
+            StreamMetadata::with_cluster_nodes(nodes)
+        }
+        None => StreamMetadata::new(),
+    };
     let ingest_metrics = selfmetrics::IngestMetrics::new();
     let sessions = Sessions::new(store.clone(), metadata.clone(), ingest_metrics.clone());
     let agents = ingest::Ingest::new(

@@ -2,7 +2,9 @@
 //! metrics-server takes it from informers; here it comes through [`MetadataSource`]:
 //!
 //! - [`StreamMetadata`], in the server: fed by the agents' sessions (`session`), each node's
-//!   labels from its Hello and its pods from its Snapshot and Updates;
+//!   labels from its Hello and its pods from its Snapshot and Updates; with a Kubernetes
+//!   API, nodes and their labels come from the Node watch instead ([`crate::nodes`]) once
+//!   it has listed them;
 //! - [`StaticMetadata`]: a fixed document replaced whole, for tests.
 
 use std::{
@@ -19,9 +21,9 @@ use serde::Deserialize;
 pub struct NodeMeta {
     /// Node name.
     pub name: String,
-    /// Labels.
+    /// Labels, shared: a list of thousands of nodes does not copy them.
     #[serde(default)]
-    pub labels: BTreeMap<String, String>,
+    pub labels: Arc<BTreeMap<String, String>>,
 }
 
 /// A pod's metadata.
@@ -150,6 +152,8 @@ fn namespace_range<'a, V>(
 #[derive(Debug, Default)]
 pub struct StreamMetadata {
     index: RwLock<Index>,
+    /// The API's nodes: once listed, which nodes exist and their labels.
+    cluster: Option<Arc<crate::nodes::ClusterNodes>>,
 }
 
 #[derive(Debug, Default)]
@@ -161,7 +165,7 @@ struct Index {
 
 #[derive(Debug, Default)]
 struct NodeEntry {
-    labels: BTreeMap<String, String>,
+    labels: Arc<BTreeMap<String, String>>,
     /// uid → the pod's key in [`Index::pods`].
     pods: HashMap<String, (String, String)>,
 }
@@ -219,17 +223,31 @@ impl Index {
 }
 
 impl StreamMetadata {
-    /// Empty.
+    /// Empty; nodes from the agents only.
     pub fn new() -> Arc<StreamMetadata> {
         Arc::new(StreamMetadata::default())
+    }
+
+    /// Empty; nodes (existence and labels) from `cluster` once it has listed them, as
+    /// metrics-server takes them from its Node informer; from the agents until then.
+    pub fn with_cluster_nodes(cluster: Arc<crate::nodes::ClusterNodes>) -> Arc<StreamMetadata> {
+        Arc::new(StreamMetadata {
+            index: RwLock::default(),
+            cluster: Some(cluster),
+        })
+    }
+
+    /// The API's nodes, once they are authoritative.
+    fn listed_cluster(&self) -> Option<&crate::nodes::ClusterNodes> {
+        self.cluster.as_deref().filter(|c| c.listed())
     }
 
     /// Records a node (its Hello): creates it, or replaces its labels and keeps its pods.
     pub fn set_node(&self, node: &str, labels: &BTreeMap<String, String>) {
         let mut index = self.index.write();
         let entry = index.nodes.entry(node.to_string()).or_default();
-        if entry.labels != *labels {
-            entry.labels = labels.clone();
+        if *entry.labels != *labels {
+            entry.labels = Arc::new(labels.clone());
         }
     }
 
@@ -314,6 +332,9 @@ impl StreamMetadata {
 
 impl MetadataSource for StreamMetadata {
     fn node(&self, name: &str) -> Option<NodeMeta> {
+        if let Some(cluster) = self.listed_cluster() {
+            return cluster.node(name);
+        }
         self.index.read().nodes.get(name).map(|n| NodeMeta {
             name: name.to_string(),
             labels: n.labels.clone(),
@@ -330,6 +351,9 @@ impl MetadataSource for StreamMetadata {
     }
 
     fn nodes(&self) -> Vec<NodeMeta> {
+        if let Some(cluster) = self.listed_cluster() {
+            return cluster.nodes();
+        }
         self.index
             .read()
             .nodes
@@ -501,5 +525,38 @@ mod tests {
         m.update_pods("b", &[], &["u2".into()]);
         assert_eq!(owner(&m), None);
         assert!(m.pods(None).is_empty());
+    }
+
+    #[test]
+    fn nodes_come_from_the_api_once_it_has_listed_them() {
+        use crate::nodes::{Change, ClusterNodes};
+        let cluster = ClusterNodes::new();
+        let m = StreamMetadata::with_cluster_nodes(cluster.clone());
+        // An agent's node, with the labels it sent (none, in cluster mode).
+        m.set_node("a", &BTreeMap::new());
+        // Before the list: the agents' view.
+        cluster.apply(Change::Upsert {
+            name: "a".into(),
+            labels: BTreeMap::from([("zone".into(), "x".into())]),
+        });
+        assert!(m.node("a").expect("a").labels.is_empty());
+        assert!(m.node("b").is_none());
+        cluster.apply(Change::Replace(BTreeMap::from([
+            (
+                "a".to_string(),
+                BTreeMap::from([("zone".to_string(), "x".to_string())]),
+            ),
+            ("b".to_string(), BTreeMap::new()),
+        ])));
+        // After it: the API's labels, and a node without an agent exists.
+        assert_eq!(m.node("a").expect("a").labels["zone"], "x");
+        assert!(m.node("b").is_some(), "a node without an agent exists");
+        let names: Vec<String> = m.nodes().into_iter().map(|n| n.name).collect();
+        assert_eq!(names, ["a", "b"]);
+        // A name only an agent reports is not a node of the cluster.
+        m.set_node("ghost", &BTreeMap::new());
+        assert!(m.node("ghost").is_none());
+        cluster.apply(Change::Delete { name: "a".into() });
+        assert!(m.node("a").is_none());
     }
 }

@@ -169,18 +169,8 @@ const CALLS: &[Call] = &[
         Some(AUTH_CM),
         Why::Bundled("Role kube-system/extension-apiserver-authentication-reader"),
     ),
-    // Node and pod metadata (names, labels, containers) for the objects served, replacing
-    // the --feed-file loader (aggregator-api/src/metadata.rs): reflectors of nodes and
-    // pods, and single gets.
-    call(
-        SERVER,
-        "get",
-        "",
-        "nodes",
-        None,
-        None,
-        Why::Planned("metadata.rs: node metadata"),
-    ),
+    // aggregator-api/src/nodes.rs, `follow`: `watcher` on
+    // `Api::<PartialObjectMeta<Node>>::all` — which nodes exist, and their labels.
     call(
         SERVER,
         "list",
@@ -188,7 +178,7 @@ const CALLS: &[Call] = &[
         "nodes",
         None,
         None,
-        Why::Planned("metadata.rs: node reflector"),
+        Why::Called("nodes.rs follow (watcher: list)"),
     ),
     call(
         SERVER,
@@ -197,7 +187,19 @@ const CALLS: &[Call] = &[
         "nodes",
         None,
         None,
-        Why::Planned("metadata.rs: node reflector"),
+        Why::Called("nodes.rs follow (watcher: watch)"),
+    ),
+    // Pod metadata (names, labels, containers) for the objects served, replacing the
+    // agents' reports (aggregator-api/src/metadata.rs): a reflector of pods, and single
+    // gets; single gets of nodes.
+    call(
+        SERVER,
+        "get",
+        "",
+        "nodes",
+        None,
+        None,
+        Why::Planned("metadata.rs: node metadata"),
     ),
     call(
         SERVER,

@@ -59,9 +59,11 @@
 //!
 //! # Deliberate differences from metrics-server
 //!
-//! * Two versions, `v1` (preferred, listed first) and `v1beta1`. `v1` has the same schema;
-//!   its OpenAPI definitions are named `io.k8s.metrics.pkg.apis.metrics.v1.*` (no Go package
-//!   exists to name them after).
+//! * Two versions, `v1` (preferred, listed first) and `v1beta1`. `v1` is upstream's GA
+//!   version since Kubernetes 1.37 (KEP-5207, `k8s.io/metrics` v0.37: same schema and
+//!   protobuf tags as v1beta1); its OpenAPI definitions are named
+//!   `io.k8s.metrics.pkg.apis.metrics.v1.*`, as that package's `zz_generated.model_name.go`
+//!   names them. metrics-server v0.8.0 serves v1beta1 only.
 //! * Aggregated discovery is also served as `v2beta1` (what kubectl 1.27–1.29 and
 //!   kube-aggregator 1.26–1.29 ask for). metrics-server ≤ 0.7 did the same; 0.8+ (apiserver
 //!   1.33+, gate `AggregatedDiscoveryRemoveBetaType`) falls back to the `APIGroupList`.

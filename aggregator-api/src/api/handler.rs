@@ -635,11 +635,11 @@ mod tests {
             nodes: vec![
                 NodeMeta {
                     name: "n1".into(),
-                    labels: labels(&[("zone", "a")]),
+                    labels: labels(&[("zone", "a")]).into(),
                 },
                 NodeMeta {
                     name: "n2".into(),
-                    labels: labels(&[("zone", "b")]),
+                    labels: labels(&[("zone", "b")]).into(),
                 },
             ],
             pods: vec![

@@ -29,7 +29,7 @@ pub fn node_metrics<C: Clock>(
             let p = point?;
             Some(NodeMetrics::new(
                 meta.name.clone(),
-                meta.labels.clone(),
+                meta.labels.as_ref().clone(),
                 now,
                 p.timestamp.to_system_time(),
                 p.window,
@@ -129,11 +129,11 @@ mod tests {
         let nodes = vec![
             NodeMeta {
                 name: "n1".into(),
-                labels: BTreeMap::from([("zone".into(), "a".into())]),
+                labels: std::sync::Arc::new(BTreeMap::from([("zone".into(), "a".into())])),
             },
             NodeMeta {
                 name: "gone".into(),
-                labels: BTreeMap::new(),
+                labels: Default::default(),
             },
         ];
         let (tx, rx) = std::sync::mpsc::channel();

@@ -688,7 +688,7 @@ pub struct StatusCause {
 }
 
 // ---------------------------------------------------------------------------------------------
-// metrics.k8s.io/v1beta1 (v1alpha1 has the same tags; there is no v1)
+// metrics.k8s.io/v1beta1 (v1alpha1 and v1, GA in k8s.io/metrics v0.37, have the same tags)
 
 /// `NodeMetrics`: one node's usage over `[timestamp - window, timestamp]`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

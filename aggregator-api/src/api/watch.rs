@@ -800,7 +800,7 @@ mod tests {
         metadata.replace(MetadataDocument {
             nodes: vec![NodeMeta {
                 name: "n1".into(),
-                labels: BTreeMap::new(),
+                labels: Default::default(),
             }],
             pods: vec![pod("a"), pod("b"), pod("c")],
         });

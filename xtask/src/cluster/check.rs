@@ -97,12 +97,16 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>) -> Result<()> {
         failed: Vec::new(),
     };
     type Check = fn(&Ctx<'_>) -> Result<String>;
-    let first: [(&str, Check); 3] = [
+    let first: [(&str, Check); 4] = [
         ("APIServices v1beta1 and v1 Available=True", apiservices),
         ("legacy discovery through kube-apiserver", legacy_discovery),
         (
             "aggregated discovery through kube-apiserver",
             aggregated_discovery,
+        ),
+        (
+            "node labels and existence from the API (selectors, not-found texts)",
+            node_labels,
         ),
     ];
     let last: [(&str, Check); 3] = [
@@ -303,6 +307,170 @@ fn podmetrics_names(ctx: &Ctx<'_>, ns: &str) -> Result<Vec<String>> {
         .flatten()
         .filter_map(|i| i["metadata"]["name"].as_str().map(str::to_string))
         .collect())
+}
+
+/// The label the node-label check sets, and the Node it creates without a kubelet.
+const ZONE: &str = "topology.kubernetes.io/zone";
+const CHECK_LABEL: &str = "kpulse.dev/check";
+const ABSENT_NODE: &str = "kpulse-check-absent";
+
+fn node_labels(ctx: &Ctx<'_>) -> Result<String> {
+    let _ = crate::exec::output(ctx.kubectl().args([
+        "delete",
+        "node",
+        ABSENT_NODE,
+        "--ignore-not-found",
+    ]));
+    let result = node_labels_set(ctx);
+    let _ = crate::exec::output(ctx.kubectl().args([
+        "label",
+        "node",
+        daemons::NODE_NAME,
+        &format!("{ZONE}-"),
+        &format!("{CHECK_LABEL}-"),
+    ]));
+    let _ = crate::exec::output(ctx.kubectl().args([
+        "delete",
+        "node",
+        ABSENT_NODE,
+        "--ignore-not-found",
+    ]));
+    result
+}
+
+/// The names `kubectl get nodemetrics -l <selector>` lists.
+fn nodemetrics_names(ctx: &Ctx<'_>, selector: &str) -> Result<Vec<String>> {
+    let v = ctx.json(&["get", "nodemetrics", "-l", selector])?;
+    Ok(v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["metadata"]["name"].as_str().map(str::to_string))
+        .collect())
+}
+
+/// Labels the node (the kubelet sets none of these), then checks that selectors match the
+/// Node's labels through kpulse (`kubectl top node -l`, `kubectl get nodemetrics -l`:
+/// equality, set-based, negated), that a label change is followed, and that a Node without
+/// an agent exists while a name without a Node does not (metrics-server's texts).
+fn node_labels_set(ctx: &Ctx<'_>) -> Result<String> {
+    let node = daemons::NODE_NAME;
+    let labelled = Instant::now();
+    crate::exec::output(ctx.kubectl().args([
+        "label",
+        "node",
+        node,
+        &format!("{ZONE}=kpulse-a"),
+        &format!("{CHECK_LABEL}=labels"),
+        "--overwrite",
+    ]))?;
+    let wait_for = |selector: &str, since: Instant| -> Result<Duration> {
+        loop {
+            if nodemetrics_names(ctx, selector)? == [node] {
+                return Ok(since.elapsed());
+            }
+            ensure!(
+                since.elapsed() < Duration::from_secs(30),
+                "`get nodemetrics -l {selector}` does not list {node} 30 s after labelling"
+            );
+            thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let first = wait_for(&format!("{ZONE}=kpulse-a"), labelled)?;
+    let mut checked = 0;
+    for selector in [
+        format!("{ZONE}=kpulse-a"),
+        format!("{ZONE} in (kpulse-a,kpulse-b)"),
+        format!("{ZONE},{CHECK_LABEL}=labels"),
+        "!node-role.kubernetes.io/control-plane".to_string(),
+    ] {
+        let out = crate::exec::output(ctx.kubectl().args(["top", "node", "-l", &selector]))?;
+        ensure!(
+            out.lines().skip(1).any(|l| l.starts_with(node)),
+            "`kubectl top node -l '{selector}'` does not list {node}:\n{out}"
+        );
+        ensure!(
+            nodemetrics_names(ctx, &selector)? == [node],
+            "`kubectl get nodemetrics -l '{selector}'` does not list {node} alone"
+        );
+        checked += 1;
+    }
+    for selector in [
+        format!("{ZONE}=kpulse-b"),
+        format!("{ZONE} notin (kpulse-a)"),
+        format!("!{CHECK_LABEL}"),
+    ] {
+        let names = nodemetrics_names(ctx, &selector)?;
+        ensure!(
+            names.is_empty(),
+            "`kubectl get nodemetrics -l '{selector}'` lists {names:?}"
+        );
+        // kubectl top says so when the list is empty.
+        let top = ctx
+            .kubectl()
+            .args(["top", "node", "-l", &selector])
+            .output()?;
+        let err = String::from_utf8_lossy(&top.stderr);
+        ensure!(
+            !top.status.success() && err.contains("metrics not available yet"),
+            "`kubectl top node -l '{selector}'`: {}, {err}",
+            top.status
+        );
+        checked += 1;
+    }
+    let relabelled = Instant::now();
+    crate::exec::output(ctx.kubectl().args([
+        "label",
+        "node",
+        node,
+        &format!("{ZONE}=kpulse-c"),
+        "--overwrite",
+    ]))?;
+    let change = wait_for(&format!("{ZONE}=kpulse-c"), relabelled)?;
+    ensure!(
+        nodemetrics_names(ctx, &format!("{ZONE}=kpulse-a"))?.is_empty(),
+        "the old label still matches"
+    );
+    // A Node with no kubelet and no agent (arm64, so the agent's DaemonSet skips it): it
+    // exists, its metrics do not; a name without a Node is not a node.
+    let manifest = format!(
+        r#"{{"apiVersion":"v1","kind":"Node","metadata":{{"name":"{ABSENT_NODE}","labels":{{"kubernetes.io/arch":"arm64","{CHECK_LABEL}":"absent"}}}}}}"#
+    );
+    let file = ctx.dirs.etc.join("check-absent-node.json");
+    std::fs::write(&file, manifest)?;
+    crate::exec::output(ctx.kubectl().arg("create").arg("-f").arg(&file))?;
+    let created = Instant::now();
+    let get_error = |name: &str| -> Result<String> {
+        let out = ctx.kubectl().args(["get", "nodemetrics", name]).output()?;
+        ensure!(!out.status.success(), "`get nodemetrics {name}` succeeded");
+        Ok(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    };
+    let want_absent = format!(r#"nodemetrics.metrics.k8s.io "{ABSENT_NODE}" not found"#);
+    loop {
+        let err = get_error(ABSENT_NODE)?;
+        if err.contains(&want_absent) {
+            break;
+        }
+        ensure!(
+            created.elapsed() < Duration::from_secs(30),
+            "a Node without an agent: `{err}`, want `{want_absent}`"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let missing = "kpulse-check-no-such-node";
+    let err = get_error(missing)?;
+    let want_missing = format!(r#"node "{missing}" not found"#);
+    ensure!(
+        err.contains(&want_missing),
+        "a name without a Node: `{err}`, want `{want_missing}`"
+    );
+    Ok(format!(
+        "labels served {:.1} s after `kubectl label`, a change {:.1} s after; {checked} selectors \
+         (top node and get nodemetrics) right; a Node without an agent: `{want_absent}`; \
+         no Node: `{want_missing}`",
+        first.as_secs_f64(),
+        change.as_secs_f64()
+    ))
 }
 
 fn pod_lifecycle(ctx: &Ctx<'_>) -> Result<String> {

@@ -120,7 +120,7 @@ fn bench(c: &mut Criterion) {
                 n = (n + 1) % NODES;
                 Change::Upsert {
                     name: node_name(n),
-                    labels: labels(n),
+                    value: labels(n),
                 }
             },
             |change| black_box(nodes.apply(change)),
@@ -136,7 +136,7 @@ fn bench(c: &mut Criterion) {
                 l.insert("team".into(), if flip { "x" } else { "y" }.into());
                 Change::Upsert {
                     name: node_name(7),
-                    labels: l,
+                    value: l,
                 }
             },
             |change| black_box(nodes.apply(change)),

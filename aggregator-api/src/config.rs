@@ -159,6 +159,17 @@ pub struct Config {
         default_value = crate::ingest::DEFAULT_AGENT_SERVICE_ACCOUNT
     )]
     pub agent_service_accounts: Vec<String>,
+    /// Namespace of the agent pods, watched for readiness: a replica is ready once every
+    /// node that runs a Ready agent is served (with a Kubernetes API only).
+    #[arg(long, env = "KPULSE_AGENT_NAMESPACE", default_value = "kpulse-system")]
+    pub agent_namespace: String,
+    /// Label selector of the agent pods in `--agent-namespace`.
+    #[arg(
+        long,
+        env = "KPULSE_AGENT_SELECTOR",
+        default_value = "app.kubernetes.io/name=kpulse-agent"
+    )]
+    pub agent_selector: String,
     /// CA bundle for agents' client certificates (standalone mode: CN = node name). Without
     /// it, agents must use tokens.
     #[arg(long, env = "KPULSE_AGENT_CLIENT_CA_FILE")]
@@ -297,6 +308,12 @@ impl Config {
                 "--ingest-port {} is --secure-port: the agents' port needs its own",
                 self.ingest_port
             ));
+        }
+        if self.agent_namespace.trim().is_empty() {
+            errs.push("--agent-namespace must name a namespace".into());
+        }
+        if self.agent_selector.trim().is_empty() {
+            errs.push("--agent-selector must select the agent pods".into());
         }
         if self.max_agent_streams == 0 {
             errs.push("--max-agent-streams must be positive".into());

@@ -236,6 +236,153 @@ pub fn evaluate(
     }
 }
 
+/// The name of the readiness check that the replica holds the whole cluster.
+pub const METRIC_STORAGE_COMPLETE: &str = "metric-storage-complete";
+/// How long every expected node must have been served before readiness passes: the first
+/// rates of its pods (a second sample) arrive within one resolution after the node's.
+pub const COMPLETENESS_WARMUP: Duration = Duration::from_secs(3);
+/// Longest wait for completeness after start: then the replica is ready with what it has
+/// (a node whose agent is Ready but cannot reach this replica must not keep it out for
+/// ever), and says which nodes are missing.
+pub const COMPLETENESS_MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// Readiness that means complete: every node that runs a Ready agent (the agent pods'
+/// watch, [`crate::agents`]) and exists (the Node watch, [`crate::nodes`]) has a node rate
+/// in the store, and has had one for [`COMPLETENESS_WARMUP`]; or [`COMPLETENESS_MAX_WAIT`]
+/// has passed since the replica started; or the API refuses one of the two lists for a
+/// reason retrying does not fix (RBAC, no such resource: then nothing says which nodes
+/// should report, and only `metric-storage-ready` decides). Once passed it stays passed (a node that comes or
+/// goes later is the store's business, not a reason to leave the Service). Liveness does
+/// not depend on it.
+pub struct Completeness {
+    nodes: Arc<crate::nodes::ClusterNodes>,
+    agents: Arc<crate::agents::AgentPods>,
+    /// Whether the store serves a rate for this node.
+    served: Box<dyn Fn(&str) -> bool + Send + Sync>,
+    started: Instant,
+    state: parking_lot::Mutex<CompletenessState>,
+}
+
+#[derive(Debug, Default)]
+struct CompletenessState {
+    /// Since when every expected node has been served.
+    complete_since: Option<Instant>,
+    passed: bool,
+}
+
+impl Completeness {
+    /// A check started now.
+    pub fn new(
+        nodes: Arc<crate::nodes::ClusterNodes>,
+        agents: Arc<crate::agents::AgentPods>,
+        served: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) -> Completeness {
+        Self::started_at(nodes, agents, served, Instant::now())
+    }
+
+    /// A check started at `started` (tests).
+    pub fn started_at(
+        nodes: Arc<crate::nodes::ClusterNodes>,
+        agents: Arc<crate::agents::AgentPods>,
+        served: impl Fn(&str) -> bool + Send + Sync + 'static,
+        started: Instant,
+    ) -> Completeness {
+        Completeness {
+            nodes,
+            agents,
+            served: Box::new(served),
+            started,
+            state: parking_lot::Mutex::new(CompletenessState::default()),
+        }
+    }
+
+    /// The check at `now`.
+    pub fn check_at(&self, now: Instant) -> Result<(), String> {
+        let mut state = self.state.lock();
+        if state.passed {
+            return Ok(());
+        }
+        let waited = now.saturating_duration_since(self.started);
+        let missing = self.missing();
+        match &missing {
+            Ok(m) if m.is_empty() => {
+                let since = *state.complete_since.get_or_insert(now);
+                if now.saturating_duration_since(since) >= COMPLETENESS_WARMUP {
+                    state.passed = true;
+                    tracing::info!(
+                        waited = %humantime::format_duration(round_ms(waited)),
+                        "every node with a Ready agent is served: ready"
+                    );
+                    return Ok(());
+                }
+            }
+            _ => state.complete_since = None,
+        }
+        if waited >= COMPLETENESS_MAX_WAIT {
+            state.passed = true;
+            match &missing {
+                Ok(m) => tracing::warn!(
+                    missing = m.len(),
+                    first = ?m.iter().take(5).collect::<Vec<_>>(),
+                    "ready after {}s without every node that runs a Ready agent: those agents \
+                     do not reach this replica",
+                    COMPLETENESS_MAX_WAIT.as_secs()
+                ),
+                Err(why) => tracing::warn!(
+                    reason = %why,
+                    "ready after {}s without knowing which nodes should report",
+                    COMPLETENESS_MAX_WAIT.as_secs()
+                ),
+            }
+            return Ok(());
+        }
+        match missing {
+            Ok(m) if m.is_empty() => {
+                Err("every node with a Ready agent is served; warming up".into())
+            }
+            Ok(m) => Err(format!(
+                "{} node(s) with a Ready agent not served yet, e.g. {}",
+                m.len(),
+                m.first().map(String::as_str).unwrap_or_default()
+            )),
+            Err(why) => Err(why),
+        }
+    }
+
+    /// The expected nodes without a rate, or why they are not known yet.
+    fn missing(&self) -> Result<Vec<String>, String> {
+        if self.nodes.refused() || self.agents.refused() {
+            // Which nodes should report cannot be known: do not wait for them.
+            return Ok(Vec::new());
+        }
+        if !self.nodes.listed() {
+            return Err("waiting for the list of Nodes".into());
+        }
+        if !self.agents.listed() {
+            return Err("waiting for the list of agent pods".into());
+        }
+        Ok(self
+            .agents
+            .nodes()
+            .into_iter()
+            .filter(|n| self.nodes.node(n).is_some() && !(self.served)(n))
+            .collect())
+    }
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Check for Completeness {
+    fn name(&self) -> &str {
+        METRIC_STORAGE_COMPLETE
+    }
+    fn check(&self) -> Result<(), String> {
+        self.check_at(Instant::now())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,5 +516,139 @@ mod tests {
             evaluate("readyz", &checks(true), Some("nope"), "").status,
             404
         );
+    }
+
+    mod completeness {
+        use super::super::*;
+        use crate::agents::AgentPods;
+        use crate::nodes::{Change, ClusterNodes};
+        use std::collections::{BTreeMap, BTreeSet};
+        use std::sync::Mutex;
+
+        struct Fixture {
+            nodes: Arc<ClusterNodes>,
+            agents: Arc<AgentPods>,
+            served: Arc<Mutex<BTreeSet<String>>>,
+            check: Completeness,
+            t0: Instant,
+        }
+
+        fn fixture() -> Fixture {
+            let nodes = ClusterNodes::new();
+            let agents = AgentPods::new();
+            let served = Arc::new(Mutex::new(BTreeSet::new()));
+            let s = served.clone();
+            let t0 = Instant::now();
+            let check = Completeness::started_at(
+                nodes.clone(),
+                agents.clone(),
+                move |n| s.lock().expect("lock").contains(n),
+                t0,
+            );
+            Fixture {
+                nodes,
+                agents,
+                served,
+                check,
+                t0,
+            }
+        }
+
+        fn list(f: &Fixture, nodes: &[&str], agents: &[(&str, Option<&str>)]) {
+            f.nodes.apply(Change::Replace(
+                nodes
+                    .iter()
+                    .map(|n| ((*n).to_string(), BTreeMap::new()))
+                    .collect(),
+            ));
+            f.agents.apply(Change::Replace(
+                agents
+                    .iter()
+                    .map(|(p, n)| ((*p).to_string(), n.map(str::to_string)))
+                    .collect(),
+            ));
+        }
+
+        fn serve(f: &Fixture, node: &str) {
+            f.served.lock().expect("lock").insert(node.to_string());
+        }
+
+        #[test]
+        fn waits_for_every_node_with_a_ready_agent_then_warms_up() {
+            let f = fixture();
+            let at = |s: u64| f.t0 + Duration::from_secs(s);
+            let err = f.check.check_at(at(0)).expect_err("nothing listed");
+            assert!(err.contains("list of Nodes"), "{err}");
+            // n3 has an agent that is not Ready, n4 an agent but no Node object, "gone":
+            // neither is waited for.
+            list(
+                &f,
+                &["n1", "n2", "n3"],
+                &[
+                    ("a1", Some("n1")),
+                    ("a2", Some("n2")),
+                    ("a3", None),
+                    ("a4", Some("n4")),
+                ],
+            );
+            serve(&f, "n1");
+            let err = f.check.check_at(at(1)).expect_err("n2 missing");
+            assert!(err.contains("1 node(s)") && err.contains("n2"), "{err}");
+            serve(&f, "n2");
+            let err = f.check.check_at(at(2)).expect_err("warming up");
+            assert!(err.contains("warming up"), "{err}");
+            assert!(f.check.check_at(at(4)).is_err(), "2 s of the 3 s warm-up");
+            assert!(f.check.check_at(at(5)).is_ok());
+            // Passed stays passed.
+            f.served.lock().expect("lock").clear();
+            assert!(f.check.check_at(at(6)).is_ok());
+        }
+
+        #[test]
+        fn a_node_that_stops_being_served_restarts_the_warm_up() {
+            let f = fixture();
+            let at = |s: u64| f.t0 + Duration::from_secs(s);
+            list(&f, &["n1"], &[("a1", Some("n1"))]);
+            serve(&f, "n1");
+            assert!(f.check.check_at(at(1)).is_err());
+            f.served.lock().expect("lock").clear();
+            assert!(f.check.check_at(at(3)).is_err());
+            serve(&f, "n1");
+            assert!(
+                f.check.check_at(at(4)).is_err(),
+                "warm-up starts again at 4 s"
+            );
+            assert!(f.check.check_at(at(7)).is_ok());
+        }
+
+        #[test]
+        fn ready_after_the_longest_wait_with_what_it_has() {
+            let f = fixture();
+            list(&f, &["n1", "n2"], &[("a1", Some("n1")), ("a2", Some("n2"))]);
+            serve(&f, "n1");
+            assert!(f
+                .check
+                .check_at(f.t0 + COMPLETENESS_MAX_WAIT - Duration::from_millis(1))
+                .is_err());
+            assert!(f.check.check_at(f.t0 + COMPLETENESS_MAX_WAIT).is_ok());
+        }
+
+        #[test]
+        fn a_refused_list_stops_the_wait() {
+            let f = fixture();
+            // Nothing listed, the agent pods forbidden: nothing says which nodes should
+            // report, so only the warm-up is left.
+            f.agents.set_refused(true);
+            assert!(f.check.check_at(f.t0).is_err());
+            assert!(f.check.check_at(f.t0 + COMPLETENESS_WARMUP).is_ok());
+        }
+
+        #[test]
+        fn no_agents_expected_is_complete_after_the_warm_up() {
+            let f = fixture();
+            list(&f, &["n1"], &[]);
+            assert!(f.check.check_at(f.t0).is_err());
+            assert!(f.check.check_at(f.t0 + COMPLETENESS_WARMUP).is_ok());
+        }
     }
 }

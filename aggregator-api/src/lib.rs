@@ -14,6 +14,7 @@
 //! authentication ConfigMap and a metadata-only watch of Nodes ([`nodes`]: which nodes
 //! exist, and their labels): which pods exist comes from the agents, not from a watch.
 
+pub mod agents;
 pub mod api;
 pub mod app;
 pub mod auth;

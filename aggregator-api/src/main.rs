@@ -106,16 +106,27 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     );
     // Nodes from the API as metrics-server's Node informer (labels, existence), where there
     // is one; from the agents alone where not (standalone, the test doubles).
-    let metadata = match &client {
+    // With an API, readiness also waits for the nodes that run a Ready agent.
+    let (metadata, expected) = match &client {
         Some(client) => {
             let nodes = kpulse_aggregator_api::nodes::ClusterNodes::new();
             tokio::spawn(kpulse_aggregator_api::nodes::follow(
                 client.clone(),
                 nodes.clone(),
             ));
-            StreamMetadata::with_cluster_nodes(nodes)
+            let agents = kpulse_aggregator_api::agents::AgentPods::new();
+            tokio::spawn(kpulse_aggregator_api::agents::follow(
+                client.clone(),
+                cfg.agent_namespace.clone(),
+                cfg.agent_selector.clone(),
+                agents.clone(),
+            ));
+            (
+                StreamMetadata::with_cluster_nodes(nodes.clone()),
+                Some((nodes, agents)),
+            )
         }
-        None => StreamMetadata::new(),
+        None => (StreamMetadata::new(), None),
     };
     let ingest_metrics = selfmetrics::IngestMetrics::new();
     let sessions = Sessions::new(store.clone(), metadata.clone(), ingest_metrics.clone());
@@ -146,6 +157,20 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             Err("no metrics to serve".into())
         }
     });
+    let mut readyz: Vec<Arc<dyn health::Check>> = vec![health::ping(), storage_ready];
+    if let Some((nodes, agents)) = expected {
+        let served_store = store.clone();
+        readyz.push(Arc::new(health::Completeness::new(
+            nodes,
+            agents,
+            move |node| {
+                served_store
+                    .node_metrics(&[node])
+                    .first()
+                    .is_some_and(Option::is_some)
+            },
+        )));
+    }
     let watches =
         kpulse_aggregator_api::api::watch::Hub::new(kpulse_aggregator_api::api::watch::Settings {
             min_request_timeout: cfg.min_request_timeout,
@@ -166,7 +191,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         health: HealthChecks {
             healthz: vec![health::ping()],
             livez: vec![health::ping(), heartbeat],
-            readyz: vec![health::ping(), storage_ready],
+            readyz,
         },
         security,
         router: kpulse_aggregator_api::api::handler::ApiContext {

@@ -537,7 +537,7 @@ mod tests {
         // Before the list: the agents' view.
         cluster.apply(Change::Upsert {
             name: "a".into(),
-            labels: BTreeMap::from([("zone".into(), "x".into())]),
+            value: BTreeMap::from([("zone".into(), "x".into())]),
         });
         assert!(m.node("a").expect("a").labels.is_empty());
         assert!(m.node("b").is_none());

@@ -32,23 +32,26 @@ use crate::metadata::NodeMeta;
 /// A node's labels, shared between the index and lookups.
 pub type Labels = Arc<BTreeMap<String, String>>;
 
-/// One change the watch reports.
+/// A node's labels as the watch reports them.
+pub type LabelMap = BTreeMap<String, String>;
+
+/// One change a watch reports, about objects named `name` with what is kept of them (`V`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Change {
-    /// A node was added, or changed (its labels may be the same).
+pub enum Change<V = LabelMap> {
+    /// An object was added, or changed (what is kept of it may be the same).
     Upsert {
         /// `metadata.name`.
         name: String,
-        /// `metadata.labels`.
-        labels: BTreeMap<String, String>,
+        /// What is kept of it (a node's labels).
+        value: V,
     },
-    /// A node was deleted.
+    /// An object was deleted.
     Delete {
         /// `metadata.name`.
         name: String,
     },
     /// A complete list, replacing everything (the watch's first list, or a re-list).
-    Replace(BTreeMap<String, BTreeMap<String, String>>),
+    Replace(BTreeMap<String, V>),
 }
 
 /// The nodes the API has, sorted by name. Written by the watch (rarely: a node's labels
@@ -58,6 +61,8 @@ pub struct ClusterNodes {
     nodes: RwLock<BTreeMap<String, Labels>>,
     /// The first complete list has been applied.
     listed: AtomicBool,
+    /// The API refused the list for good (see [`refused`]) and none has come since.
+    refused: AtomicBool,
 }
 
 impl ClusterNodes {
@@ -71,10 +76,24 @@ impl ClusterNodes {
         self.listed.load(Ordering::Acquire)
     }
 
+    /// Whether the API refused the list for a reason retrying does not fix (RBAC, no such
+    /// resource, not a Kubernetes API) and no list has succeeded since.
+    pub fn refused(&self) -> bool {
+        self.refused.load(Ordering::Acquire)
+    }
+
+    /// Records whether the last list attempt was [`refused`].
+    pub fn set_refused(&self, refused: bool) {
+        self.refused.store(refused, Ordering::Release);
+    }
+
     /// Applies one change. True if the set or a node's labels changed.
     pub fn apply(&self, change: Change) -> bool {
         match change {
-            Change::Upsert { name, labels } => {
+            Change::Upsert {
+                name,
+                value: labels,
+            } => {
                 let mut nodes = self.nodes.write();
                 if nodes.get(&name).is_some_and(|l| **l == labels) {
                     return false;
@@ -127,34 +146,38 @@ impl ClusterNodes {
     }
 }
 
-/// Turns the watch's events into [`Change`]s: the objects of a (re-)list are gathered
-/// until its end and applied at once, so that readers never see half a list.
-#[derive(Debug, Default)]
-pub struct Relist {
-    pending: Option<BTreeMap<String, BTreeMap<String, String>>>,
+/// Turns a watch's events into [`Change`]s: the objects of a (re-)list are gathered until
+/// its end and applied at once, so that readers never see half a list.
+#[derive(Debug)]
+pub struct Relist<V> {
+    pending: Option<BTreeMap<String, V>>,
 }
 
-impl Relist {
-    /// The change one event makes, if any (`None` while a list is being gathered).
-    pub fn on(
-        &mut self,
-        event: watcher::Event<(String, BTreeMap<String, String>)>,
-    ) -> Option<Change> {
+impl<V> Default for Relist<V> {
+    fn default() -> Self {
+        Relist { pending: None }
+    }
+}
+
+impl<V> Relist<V> {
+    /// The change one event (about `(name, value)`) makes, if any (`None` while a list is
+    /// being gathered).
+    pub fn on(&mut self, event: watcher::Event<(String, V)>) -> Option<Change<V>> {
         match event {
             watcher::Event::Init => {
                 self.pending = Some(BTreeMap::new());
                 None
             }
-            watcher::Event::InitApply((name, labels)) => {
+            watcher::Event::InitApply((name, value)) => {
                 self.pending
                     .get_or_insert_with(BTreeMap::new)
-                    .insert(name, labels);
+                    .insert(name, value);
                 None
             }
             watcher::Event::InitDone => {
                 Some(Change::Replace(self.pending.take().unwrap_or_default()))
             }
-            watcher::Event::Apply((name, labels)) => Some(Change::Upsert { name, labels }),
+            watcher::Event::Apply((name, value)) => Some(Change::Upsert { name, value }),
             watcher::Event::Delete((name, _)) => Some(Change::Delete { name }),
         }
     }
@@ -182,6 +205,9 @@ pub async fn follow(client: kube::Client, nodes: Arc<ClusterNodes>) {
                          existence come from the agents until it works; retrying"
                     );
                 }
+                if !nodes.listed() {
+                    nodes.set_refused(refused(&error));
+                }
                 failing = true;
                 continue;
             }
@@ -190,6 +216,7 @@ pub async fn follow(client: kube::Client, nodes: Arc<ClusterNodes>) {
             tracing::info!("watching Nodes again");
             failing = false;
         }
+        nodes.set_refused(false);
         let event = map_event(event, |n| {
             (
                 n.metadata.name.unwrap_or_default(),
@@ -212,8 +239,26 @@ pub async fn follow(client: kube::Client, nodes: Arc<ClusterNodes>) {
     }
 }
 
+/// Whether a watch error is one retrying does not fix: the API forbids the list (RBAC), has
+/// no such resource, or does not answer like a Kubernetes API. Readiness stops waiting for
+/// a list that is refused so ([`crate::health::Completeness`]).
+pub fn refused(error: &watcher::Error) -> bool {
+    let e = match error {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => e,
+        watcher::Error::WatchError(status) => return matches!(status.code, 403 | 404),
+        watcher::Error::NoResourceVersion => return true,
+    };
+    match e {
+        kube::Error::Api(status) => matches!(status.code, 403 | 404),
+        kube::Error::SerdeError(_) => true,
+        _ => false,
+    }
+}
+
 /// The same event about `f(object)`.
-fn map_event<A, B>(e: watcher::Event<A>, f: impl FnOnce(A) -> B) -> watcher::Event<B> {
+pub(crate) fn map_event<A, B>(e: watcher::Event<A>, f: impl FnOnce(A) -> B) -> watcher::Event<B> {
     match e {
         watcher::Event::Apply(o) => watcher::Event::Apply(f(o)),
         watcher::Event::Delete(o) => watcher::Event::Delete(f(o)),
@@ -224,7 +269,9 @@ fn map_event<A, B>(e: watcher::Event<A>, f: impl FnOnce(A) -> B) -> watcher::Eve
 }
 
 /// The next item of a stream (this crate has no `futures` dependency).
-async fn next<S: WatchStreamExt + ?Sized>(mut stream: std::pin::Pin<&mut S>) -> Option<S::Item> {
+pub(crate) async fn next<S: WatchStreamExt + ?Sized>(
+    mut stream: std::pin::Pin<&mut S>,
+) -> Option<S::Item> {
     std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await
 }
 
@@ -239,9 +286,7 @@ mod tests {
             .collect()
     }
 
-    fn ev(
-        e: watcher::Event<(&str, &[(&str, &str)])>,
-    ) -> watcher::Event<(String, BTreeMap<String, String>)> {
+    fn ev(e: watcher::Event<(&str, &[(&str, &str)])>) -> watcher::Event<(String, LabelMap)> {
         map_event(e, |(n, l)| (n.to_string(), labels(l)))
     }
 

@@ -3,8 +3,8 @@
 //!
 //! 1. `BPF_LINK_DETACH` on the agent's iterator links (by id): the kernel refuses it
 //!    (iterator links have no detach operation); collection goes on, untouched.
-//! 2. Writing the agent's records map or walk counters by map id (`BPF_MAP_UPDATE_ELEM`, a
-//!    writable `mmap`): refused, the maps are frozen.
+//! 2. Writing the agent's records map, walk counters or creation instants by map id
+//!    (`BPF_MAP_UPDATE_ELEM`, a writable `mmap`): refused, the maps are frozen.
 //! 3. The links' program replaced (`BPF_LINK_UPDATE`) by a second copy of our program, and
 //!    by a minimal `iter/cgroup` program: detected on the next tick, linked again, counted;
 //!    that tick still reports, and every number matches the kernel's `cpu.stat`.
@@ -168,7 +168,8 @@ fn detach_attempt(s: &mut Setup, ebpf: &mut EbpfCollector) {
     }
 }
 
-/// 2. The records map and the walk counters cannot be written from user space.
+/// 2. The records map, the walk counters and the creation instants cannot be written
+///    from user space.
 fn map_writes(s: &mut Setup, ebpf: &EbpfCollector) {
     let mut seen = Vec::new();
     for id in ebpf.map_ids() {
@@ -177,6 +178,8 @@ fn map_writes(s: &mut Setup, ebpf: &EbpfCollector) {
             (std::mem::size_of::<kpulse_common::CgroupRecord>(), 4096 * 4)
         } else if name.contains(".bss") {
             (16, 4096)
+        } else if name.contains("CGROUP_BIRTHS") {
+            (8, 0)
         } else {
             continue;
         };
@@ -197,9 +200,9 @@ fn map_writes(s: &mut Setup, ebpf: &EbpfCollector) {
         }
     }
     println!("faults: user-space writes refused on {seen:?}");
-    if seen.len() != 2 {
+    if seen.len() != 3 {
         s.fail(format!(
-            "expected the records map and .bss among the maps, saw {seen:?}"
+            "expected the records map, .bss and the creation instants among the maps, saw {seen:?}"
         ));
     }
 }
@@ -404,11 +407,11 @@ fn agent_binary(s: &mut Setup, foreign: u32) {
         ticking.ok_or_else(|| format!("the agent did not tick: {}", agent.log()))?;
         let held = bpf::held_by(agent.pid);
         let prog = held
-            .links
+            .iter_links
             .first()
             .map(|&(_, p)| p)
-            .ok_or("the agent holds no link")?;
-        let links: Vec<u32> = held.links.iter().map(|&(l, _)| l).collect();
+            .ok_or("the agent holds no iterator link")?;
+        let links: Vec<u32> = held.iter_links.iter().map(|&(l, _)| l).collect();
         // One replacement.
         let t = Instant::now();
         for &l in &links {
@@ -452,7 +455,7 @@ fn agent_binary(s: &mut Setup, foreign: u32) {
                     agent.log()
                 ));
             }
-            for (l, p) in bpf::held_by(agent.pid).links {
+            for (l, p) in bpf::held_by(agent.pid).iter_links {
                 if p != foreign {
                     let _ = bpf::link_update(l, foreign);
                 }

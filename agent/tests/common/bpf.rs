@@ -118,14 +118,15 @@ pub fn run_iterator(link_id: u32) -> io::Result<usize> {
     }
 }
 
-/// `BPF_MAP_UPDATE_ELEM` of key 0 of array map `map_id` with zeroes.
+/// `BPF_MAP_UPDATE_ELEM` of key 0 of map `map_id` with zeroes (an array's `u32` key, or a
+/// hash map's `u64` key: little-endian zero either way).
 pub fn map_write_first(map_id: u32, value_size: usize) -> io::Result<()> {
     let map = map_fd_by_id(map_id)?;
-    let key = 0u32;
+    let key = 0u64;
     let value = vec![0u8; value_size];
     let mut attr = Attr::new()
         .u32(0, map.as_raw_fd() as u32)
-        .u64(8, &key as *const u32 as u64)
+        .u64(8, &key as *const u64 as u64)
         .u64(16, value.as_ptr() as u64);
     sys_bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(|_| ())
 }
@@ -209,6 +210,8 @@ pub struct Held {
     pub progs: Vec<u32>,
     /// Links, with the program each runs.
     pub links: Vec<(u32, u32)>,
+    /// The iterator links among them (not `cgroup_mkdir`'s tracepoint link).
+    pub iter_links: Vec<(u32, u32)>,
     /// Maps.
     pub maps: Vec<u32>,
 }
@@ -240,6 +243,12 @@ pub fn held_by(pid: u32) -> Held {
                 fdinfo_field(&info, "prog_id"),
             ) {
                 h.links.push((l, p));
+                if info.lines().any(|line| {
+                    line.split_once(':')
+                        .is_some_and(|(k, v)| k.trim() == "link_type" && v.trim() == "iter")
+                }) {
+                    h.iter_links.push((l, p));
+                }
             }
         } else if t.contains("bpf-prog") {
             h.progs.extend(fdinfo_field(&info, "prog_id"));
@@ -249,6 +258,7 @@ pub fn held_by(pid: u32) -> Held {
     }
     h.progs.sort_unstable();
     h.links.sort_unstable();
+    h.iter_links.sort_unstable();
     h.maps.sort_unstable();
     h
 }

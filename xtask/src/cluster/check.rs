@@ -109,6 +109,10 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>) -> Result<()> {
             node_labels,
         ),
     ];
+    let own_kubectl: (&str, Check) = (
+        "the cluster's kubectl reads the metrics.k8s.io version of its release",
+        kubectl_version_read,
+    );
     let last: [(&str, Check); 3] = [
         ("a Deployment's pods appear and disappear", pod_lifecycle),
         (
@@ -132,7 +136,7 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>) -> Result<()> {
             ctx.record(&name, r);
         }
     }
-    for (name, check) in last {
+    for (name, check) in std::iter::once(own_kubectl).chain(last) {
         if ctx.wants(name) {
             let r = check(&ctx);
             ctx.record(name, r);
@@ -607,17 +611,7 @@ fn agent_start_sources(ctx: &Ctx<'_>) -> Result<StartSources> {
         .find_map(|id| id.strip_prefix("containerd://"))
         .context("no running agent container")?
         .to_owned();
-    let inspect = crate::exec::output(
-        Command::new(super::crictl(ctx.dirs))
-            .arg("--runtime-endpoint")
-            .arg(format!("unix://{}", ctx.dirs.containerd_socket().display()))
-            .args(["inspect", "-o", "json", &id]),
-    )?;
-    let pid = serde_json::from_str::<Value>(&inspect).context("crictl inspect printed no JSON")?
-        ["info"]["pid"]
-        .as_u64()
-        .filter(|p| *p > 0)
-        .with_context(|| format!("no PID for agent container {id}"))?;
+    let pid = container_pid(ctx, &id)?;
     let text = crate::exec::output(Command::new("nsenter").args([
         "-t",
         &pid.to_string(),
@@ -646,6 +640,147 @@ fn agent_start_sources(ctx: &Ctx<'_>) -> Result<StartSources> {
         }
     }
     Ok(s)
+}
+
+/// The version of metrics.k8s.io the cluster's own clients read: 1.37 made v1 GA (KEP-5207)
+/// and its kubectl and HPA use it when discovery offers it; older ones read v1beta1.
+fn served_version(ctx: &Ctx<'_>) -> &'static str {
+    let release = std::fs::read_to_string(ctx.dirs.state.join("release")).unwrap_or_default();
+    let minor = release
+        .trim()
+        .split('.')
+        .nth(1)
+        .and_then(|m| m.parse::<u32>().ok())
+        .unwrap_or(0);
+    if minor >= 37 {
+        "v1"
+    } else {
+        "v1beta1"
+    }
+}
+
+/// `kpulse_aggregator_requests_total`, summed over the aggregator-api replicas, by its
+/// label set. Read like the agent's metrics: inside each replica's network namespace, over
+/// HTTPS, as the cluster's admin (a client certificate the replica's client CA trusts).
+fn api_requests(ctx: &Ctx<'_>) -> Result<std::collections::BTreeMap<String, f64>> {
+    let admin = |path: &str| -> Result<Vec<u8>> {
+        let b64 = crate::exec::output(ctx.kubectl().args([
+            "config",
+            "view",
+            "--raw",
+            "-o",
+            &format!("jsonpath={{.users[0].user.{path}}}"),
+        ]))?;
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .context("admin kubeconfig: not base64")
+    };
+    let cert = ctx.dirs.etc.join("check-admin.crt");
+    let key = ctx.dirs.etc.join("check-admin.key");
+    std::fs::write(&cert, admin("client-certificate-data")?)?;
+    std::fs::write(&key, admin("client-key-data")?)?;
+    let ca = crate::vm::workspace_root()?.join("deploy/generated/ca.crt");
+    let pods = ctx.json(&[
+        "get",
+        "pods",
+        "-n",
+        "kpulse-system",
+        "-l",
+        "app.kubernetes.io/name=kpulse-aggregator-api",
+    ])?;
+    let mut total = std::collections::BTreeMap::new();
+    let mut replicas = 0;
+    for id in pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["status"]["containerStatuses"][0]["containerID"].as_str())
+        .filter_map(|id| id.strip_prefix("containerd://"))
+    {
+        let host = "kpulse-aggregator-api.kpulse-system.svc";
+        let text = crate::exec::output(
+            Command::new("nsenter")
+                .args(["-t", &container_pid(ctx, id)?.to_string(), "--net", "--"])
+                .args(["curl", "-sS", "--fail", "--max-time", "5"])
+                .arg("--cacert")
+                .arg(&ca)
+                .arg("--cert")
+                .arg(&cert)
+                .arg("--key")
+                .arg(&key)
+                .args([
+                    "--resolve",
+                    &format!("{host}:10250:127.0.0.1"),
+                    &format!("https://{host}:10250/metrics"),
+                ]),
+        )?;
+        replicas += 1;
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("kpulse_aggregator_requests_total{") else {
+                continue;
+            };
+            let Some((labels, value)) = rest.split_once("} ") else {
+                continue;
+            };
+            let v: f64 = value.trim().parse().context("requests_total value")?;
+            *total.entry(labels.to_string()).or_insert(0.0) += v;
+        }
+    }
+    ensure!(replicas > 0, "no running aggregator-api replica");
+    Ok(total)
+}
+
+/// Versions of metrics.k8s.io that served more PodMetrics lists in `after` than in `before`,
+/// with how many more.
+fn read_versions(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) -> std::collections::BTreeMap<&'static str, f64> {
+    let mut read = std::collections::BTreeMap::new();
+    for (labels, v) in after {
+        let more = v - before.get(labels).copied().unwrap_or(0.0);
+        if more <= 0.0
+            || !labels.contains(r#"verb="list""#)
+            || !labels.contains(r#"resource="pods""#)
+        {
+            continue;
+        }
+        for version in ["v1", "v1beta1"] {
+            if labels.contains(&format!(r#"version="{version}""#)) {
+                *read.entry(version).or_insert(0.0) += more;
+            }
+        }
+    }
+    read
+}
+
+/// The PID of a container's first process, from the cluster's `crictl`.
+fn container_pid(ctx: &Ctx<'_>, id: &str) -> Result<u64> {
+    let inspect = crate::exec::output(
+        Command::new(super::crictl(ctx.dirs))
+            .arg("--runtime-endpoint")
+            .arg(format!("unix://{}", ctx.dirs.containerd_socket().display()))
+            .args(["inspect", "-o", "json", id]),
+    )?;
+    serde_json::from_str::<Value>(&inspect).context("crictl inspect printed no JSON")?["info"]
+        ["pid"]
+        .as_u64()
+        .filter(|p| *p > 0)
+        .with_context(|| format!("no PID for container {id}"))
+}
+
+/// kubectl of the cluster's own release reads the version its release prefers.
+fn kubectl_version_read(ctx: &Ctx<'_>) -> Result<String> {
+    let before = api_requests(ctx)?;
+    crate::exec::output(ctx.kubectl().args(["top", "pod", "-A"]))?;
+    let read = read_versions(&before, &api_requests(ctx)?);
+    let want = served_version(ctx);
+    ensure!(
+        read.get(want).copied().unwrap_or(0.0) > 0.0 && read.len() == 1,
+        "`kubectl top pod -A` read PodMetrics lists in {read:?}, want {want} only"
+    );
+    Ok(format!("`kubectl top pod -A` read metrics.k8s.io/{want}"))
 }
 
 const HPA_NS: &str = "kpulse-hpa";
@@ -707,6 +842,22 @@ fn hpa_status(ctx: &Ctx<'_>) -> Result<Value> {
 }
 
 fn hpa_in_namespace(ctx: &Ctx<'_>, flag: &Path, load_dir: &Path) -> Result<String> {
+    let requests_before = api_requests(ctx)?;
+    let result = hpa_scales(ctx, flag, load_dir)?;
+    // The HPA was the only reader of PodMetrics meanwhile: which version did it read? Up to
+    // 1.37.2 at least, v1beta1: its resource metrics client is the typed v1beta1 client
+    // (`pkg/controller/podautoscaler/metrics/client.go`, `cmd/kube-controller-manager/app/
+    // autoscaling.go`), whatever discovery offers; kubectl 1.37 reads v1.
+    let read = read_versions(&requests_before, &api_requests(ctx)?);
+    let want = "v1beta1";
+    ensure!(
+        read.get(want).copied().unwrap_or(0.0) > 0.0 && read.len() == 1,
+        "the HPA read PodMetrics lists in {read:?}, want {want} only"
+    );
+    Ok(format!("{result}; the HPA read metrics.k8s.io/{want}"))
+}
+
+fn hpa_scales(ctx: &Ctx<'_>, flag: &Path, load_dir: &Path) -> Result<String> {
     let file = ctx.dirs.etc.join("check-hpa.json");
     std::fs::write(&file, hpa_manifest(load_dir))?;
     crate::exec::output(ctx.kubectl().arg("apply").arg("-f").arg(&file))?;

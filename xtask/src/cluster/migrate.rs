@@ -77,9 +77,135 @@ pub fn install_metrics_server(dirs: &Dirs, bin: &Path) -> Result<Duration> {
     Ok(t.elapsed())
 }
 
-/// The migration under a reader; fails if any `kubectl top` call failed.
+/// Objects the not-found comparison creates: a Node with no kubelet (arm64, so no agent
+/// goes there either) and a pod that never gets a node.
+const ABSENT_NODE: &str = "kpulse-migrate-absent";
+const PENDING_POD: &str = "kpulse-migrate-pending";
+
+/// What the metrics API answers, through kube-apiserver, for names that do not exist or have
+/// no metrics: `(case, kubectl's error)`.
+fn not_found_answers(dirs: &Dirs, bin: &Path) -> Result<Vec<(&'static str, String)>> {
+    let cases: [(&str, &[&str]); 4] = [
+        (
+            "no such node",
+            &[
+                "get",
+                "nodemetrics.v1beta1.metrics.k8s.io",
+                "kpulse-migrate-no-node",
+            ],
+        ),
+        (
+            "a Node without metrics",
+            &["get", "nodemetrics.v1beta1.metrics.k8s.io", ABSENT_NODE],
+        ),
+        (
+            "no such pod",
+            &[
+                "get",
+                "podmetrics.v1beta1.metrics.k8s.io",
+                "-n",
+                "default",
+                "kpulse-migrate-no-pod",
+            ],
+        ),
+        (
+            "a pod that never ran",
+            &[
+                "get",
+                "podmetrics.v1beta1.metrics.k8s.io",
+                "-n",
+                "default",
+                PENDING_POD,
+            ],
+        ),
+    ];
+    let mut answers = Vec::new();
+    for (case, args) in cases {
+        let out = kubectl(dirs, bin).args(args).output()?;
+        ensure!(
+            !out.status.success(),
+            "{case}: `kubectl {}` succeeded",
+            args.join(" ")
+        );
+        answers.push((
+            case,
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
+    }
+    Ok(answers)
+}
+
+fn not_found_objects(dirs: &Dirs, bin: &Path, create: bool) -> Result<()> {
+    let manifest = format!(
+        r#"{{"apiVersion":"v1","kind":"List","items":[
+{{"apiVersion":"v1","kind":"Node","metadata":{{"name":"{ABSENT_NODE}","labels":{{"kubernetes.io/arch":"arm64"}}}}}},
+{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{PENDING_POD}","namespace":"default"}},
+"spec":{{"nodeSelector":{{"kpulse.dev/never":"true"}},"containers":[{{"name":"c","image":"{}","imagePullPolicy":"Never"}}]}}}}]}}"#,
+        super::images::BUSYBOX_IMAGE
+    );
+    let file = dirs.etc.join("migrate-not-found.json");
+    fs::write(&file, manifest)?;
+    if create {
+        crate::exec::run(kubectl(dirs, bin).arg("apply").arg("-f").arg(&file))?;
+    } else {
+        crate::exec::run(
+            kubectl(dirs, bin)
+                .args(["delete", "--ignore-not-found", "--wait=false", "-f"])
+                .arg(&file),
+        )?;
+    }
+    Ok(())
+}
+
+/// The migration under a reader; fails if any `kubectl top` call failed, or if kpulse's
+/// not-found answers differ from metrics-server's.
 pub fn migrate(root: &Path, dirs: &Dirs, bin: &Path) -> Result<String> {
     let ms_ready = install_metrics_server(dirs, bin)?;
+    not_found_objects(dirs, bin, true)?;
+    let compared = compare_not_found(root, dirs, bin, ms_ready);
+    let cleaned = not_found_objects(dirs, bin, false);
+    let text = compared?;
+    cleaned?;
+    Ok(text)
+}
+
+fn compare_not_found(root: &Path, dirs: &Dirs, bin: &Path, ms_ready: Duration) -> Result<String> {
+    let metrics_server = not_found_answers(dirs, bin)?;
+    let text = migrate_under_reader(root, dirs, bin, ms_ready)?;
+    // kpulse's Node watch lists within a second of its start; give it a few.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let kpulse = loop {
+        let answers = not_found_answers(dirs, bin)?;
+        if answers == metrics_server || Instant::now() >= deadline {
+            break answers;
+        }
+        thread::sleep(Duration::from_millis(500));
+    };
+    ensure!(
+        kpulse == metrics_server,
+        "not-found answers differ: metrics-server {metrics_server:?}, kpulse {kpulse:?}"
+    );
+    Ok(format!(
+        "{text}; not-found answers identical to metrics-server's for {}: {}",
+        kpulse
+            .iter()
+            .map(|(c, _)| *c)
+            .collect::<Vec<_>>()
+            .join(", "),
+        kpulse
+            .iter()
+            .map(|(_, a)| a.as_str())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    ))
+}
+
+fn migrate_under_reader(
+    root: &Path,
+    dirs: &Dirs,
+    bin: &Path,
+    ms_ready: Duration,
+) -> Result<String> {
     let apiservice_service = |name: &str| -> String {
         crate::exec::output(kubectl(dirs, bin).args([
             "get",

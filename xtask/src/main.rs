@@ -29,6 +29,8 @@ struct Cli {
 enum Command {
     /// One aggregator-api replica ingesting simulated agents: CPU, RSS, latency, bytes.
     BenchIngest(bench_ingest::Options),
+    /// kpulse beside metrics-server on the running cluster: freshness, accuracy, cost, load.
+    BenchVsMetricsServer(cluster::versus::Options),
     /// Server restarts under load: time until every node and pod is served again.
     BenchRestart(bench_restart::Options),
     /// Check/install the eBPF toolchain, then build the programs in ebpf/.
@@ -54,6 +56,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::BenchIngest(opts) => bench_ingest::run(&opts),
         Command::BenchRestart(opts) => bench_restart::run(&opts),
+        Command::BenchVsMetricsServer(opts) => cluster::versus::run(&opts),
         Command::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
         Command::Certs(opts) => certs::run(&opts),
         Command::Cluster(opts) => cluster::run(&opts),

@@ -19,6 +19,7 @@ mod images;
 mod migrate;
 mod pki;
 pub mod versions;
+pub mod versus;
 
 use std::{
     fs,
@@ -112,7 +113,7 @@ pub fn run(opts: &Options) -> Result<()> {
     }
 }
 
-fn release(want: &str) -> Result<versions::Release> {
+pub(crate) fn release(want: &str) -> Result<versions::Release> {
     versions::release(want).with_context(|| {
         format!(
             "Kubernetes {want} is not pinned; choose one of {}",
@@ -628,7 +629,7 @@ fn teardown(dirs: &Dirs) -> Vec<String> {
 }
 
 /// The cluster's `crictl` (of the release that is up, or the newest).
-fn crictl(dirs: &Dirs) -> PathBuf {
+pub(crate) fn crictl(dirs: &Dirs) -> PathBuf {
     dirs.build.join(format!(
         "crictl-{}/bin/crictl",
         fs::read_to_string(dirs.state.join("release"))

@@ -1,0 +1,466 @@
+//! `cargo xtask bench-vs-metrics-server`: kpulse and metrics-server v0.8.0 on the same
+//! cluster, the same pods, in the same run, against the kernel's own counters.
+//!
+//! Needs `cargo xtask cluster up --install`. It installs metrics-server from its module's
+//! release manifests **beside** kpulse (its Deployment, Service and RBAC, with
+//! `--metric-resolution=15s` as shipped and `--kubelet-insecure-tls`; not its APIService,
+//! since kpulse holds `metrics.k8s.io`) and reads both as the HPA would ([`api`]). Parts:
+//!
+//! - `freshness` ([`freshness`]): a burner's CPU steps 0 → its limit → 0; time until each
+//!   API serves ≥ 90 % of the new rate (≤ 10 % after a drop); served CPU and working set
+//!   against the cgroup counters over the window each API states; a new pod's time to its
+//!   first served value.
+//! - `cost` ([`cost`]): CPU and memory of kpulse (agent and aggregator-api) against
+//!   metrics-server plus what the kubelet spends because it is scraped, on a node full of
+//!   pods; kpulse at 1 s and at 100 ms.
+//! - `load` ([`cost::under_load`]): every CPU saturated by best-effort pods: metrics-server's
+//!   scrapes against kpulse's data age, before, during and after.
+//!
+//! The report (markdown) goes to stdout and to `--out`.
+
+mod api;
+mod cost;
+mod freshness;
+mod truth;
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context, Result};
+use serde_json::Value;
+
+use super::{gobuild, host::Dirs, images, versions};
+use api::{Api, PodPoint, Source};
+
+/// The parts of the benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    Freshness,
+    Cost,
+    Load,
+}
+
+/// `cargo xtask bench-vs-metrics-server` flags.
+#[derive(Debug, clap::Args)]
+pub struct Options {
+    /// Which parts to run (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Part>,
+    /// Load steps (each up and back down).
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// New pods whose first served value is timed.
+    #[arg(long, default_value_t = 5)]
+    new_pods: usize,
+    /// Pods the cost part puts on the node (the kubelet admits 110, its default maxPods,
+    /// including the cluster's own).
+    #[arg(long, default_value_t = 95)]
+    cost_pods: usize,
+    /// Length of each measured phase of the cost and load parts.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    phase: Duration,
+    /// Where the markdown report goes.
+    #[arg(long, default_value = "target/bench-vs-metrics-server.md")]
+    out: PathBuf,
+}
+
+/// The benchmark's namespace; every pod in it has [`BENCH_LABEL`].
+pub const NAMESPACE: &str = "kpulse-versus";
+pub const BENCH_LABEL: &str = "kpulse.dev/bench=versus";
+
+/// Everything the parts share.
+pub struct Bench {
+    pub dirs: Dirs,
+    pub kubectl: PathBuf,
+    pub crictl: PathBuf,
+    pub apis: Vec<Api>,
+    pub report: String,
+}
+
+impl Bench {
+    pub fn kubectl(&self) -> Command {
+        let mut c = Command::new(&self.kubectl);
+        c.arg("--kubeconfig")
+            .arg(self.dirs.kubeconfig())
+            .arg("--request-timeout=30s");
+        c
+    }
+
+    pub fn json(&self, args: &[&str]) -> Result<Value> {
+        let out = crate::exec::output(self.kubectl().args(args).args(["-o", "json"]))?;
+        serde_json::from_str(&out).context("kubectl printed no JSON")
+    }
+
+    /// Applies a manifest given as JSON text.
+    pub fn apply(&self, name: &str, manifest: &str) -> Result<()> {
+        let file = self.dirs.etc.join(format!("versus-{name}.json"));
+        fs::write(&file, manifest)?;
+        crate::exec::output(self.kubectl().arg("apply").arg("-f").arg(&file))?;
+        Ok(())
+    }
+
+    /// `crictl inspect` of a container, as JSON.
+    pub fn inspect(&self, container_id: &str) -> Result<Value> {
+        let out = crate::exec::output(
+            Command::new(&self.crictl)
+                .arg("--runtime-endpoint")
+                .arg(format!(
+                    "unix://{}",
+                    self.dirs.containerd_socket().display()
+                ))
+                .args(["inspect", "-o", "json", container_id]),
+        )?;
+        serde_json::from_str(&out).context("crictl inspect printed no JSON")
+    }
+
+    /// The cgroup files of a pod's first container (`<namespace>/<pod>`), once it runs.
+    pub fn container_cgroup(&self, namespace: &str, pod: &str) -> Result<truth::CgroupFiles> {
+        let v = self.json(&["get", "pod", "-n", namespace, pod])?;
+        let id = v["status"]["containerStatuses"][0]["containerID"]
+            .as_str()
+            .and_then(|id| id.strip_prefix("containerd://"))
+            .with_context(|| format!("{namespace}/{pod} has no running container"))?;
+        let inspect = self.inspect(id)?;
+        let path = inspect["info"]["runtimeSpec"]["linux"]["cgroupsPath"]
+            .as_str()
+            .with_context(|| format!("{namespace}/{pod}: no cgroupsPath"))?;
+        truth::CgroupFiles::for_path(path)
+    }
+
+    /// Waits until every pod matching `selector` in `namespace` is Ready.
+    pub fn wait_ready(&self, namespace: &str, selector: &str, timeout: Duration) -> Result<()> {
+        crate::exec::output(self.kubectl().args([
+            "wait",
+            "pod",
+            "-n",
+            namespace,
+            "-l",
+            selector,
+            "--for=condition=Ready",
+            &format!("--timeout={}s", timeout.as_secs()),
+        ]))?;
+        Ok(())
+    }
+
+    fn section(&mut self, text: &str) {
+        println!("{text}");
+        self.report.push_str(text);
+        self.report.push('\n');
+    }
+}
+
+pub fn run(opts: &Options) -> Result<()> {
+    let root = crate::vm::workspace_root()?;
+    let dirs = Dirs::new(&root);
+    let version = fs::read_to_string(dirs.state.join("release"))
+        .context("no cluster is up: cargo xtask cluster up --install")?;
+    let release = super::release(version.trim())?;
+    let kubectl = gobuild::kubernetes(&release).bin(&dirs.build, "kubectl");
+    let crictl = super::crictl(&dirs);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let service_ip = install_metrics_server(&dirs, &kubectl, &runtime)?;
+    let apis = runtime.block_on(async {
+        Ok::<_, anyhow::Error>(vec![
+            Api::kpulse(&dirs.kubeconfig()).await?,
+            Api::metrics_server(
+                &service_ip,
+                &dirs.pki.join("front-proxy-client.crt"),
+                &dirs.pki.join("front-proxy-client.key"),
+            )?,
+        ])
+    })?;
+    let mut bench = Bench {
+        dirs,
+        kubectl,
+        crictl,
+        apis,
+        report: String::new(),
+    };
+    let parts = if opts.only.is_empty() {
+        vec![Part::Freshness, Part::Cost, Part::Load]
+    } else {
+        opts.only.clone()
+    };
+    let mut header = String::new();
+    let _ = writeln!(
+        header,
+        "# kpulse beside metrics-server {} — Kubernetes {}, {} CPUs, kernel {}\n",
+        versions::METRICS_SERVER,
+        version.trim(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+    );
+    bench.section(&header);
+    reset_namespace(&bench)?;
+    let result = (|| -> Result<()> {
+        for part in &parts {
+            match part {
+                Part::Freshness => freshness::run(&mut bench, &runtime, opts.steps, opts.new_pods)?,
+                Part::Cost => cost::run(&mut bench, &runtime, opts.cost_pods, opts.phase)?,
+                Part::Load => cost::under_load(&mut bench, &runtime, opts.phase)?,
+            }
+            reset_namespace(&bench)?;
+        }
+        Ok(())
+    })();
+    if let Some(dir) = opts.out.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    fs::write(&opts.out, &bench.report)?;
+    println!("report: {}", opts.out.display());
+    let _ = crate::exec::output(bench.kubectl().args([
+        "delete",
+        "namespace",
+        NAMESPACE,
+        "--wait=false",
+        "--ignore-not-found",
+    ]));
+    result
+}
+
+fn reset_namespace(bench: &Bench) -> Result<()> {
+    crate::exec::output(bench.kubectl().args([
+        "delete",
+        "namespace",
+        NAMESPACE,
+        "--wait=true",
+        "--ignore-not-found",
+        "--timeout=300s",
+    ]))?;
+    crate::exec::output(bench.kubectl().args(["create", "namespace", NAMESPACE]))?;
+    Ok(())
+}
+
+/// metrics-server's release manifests without the two objects kpulse owns: the
+/// `v1beta1.metrics.k8s.io` APIService and the `system:aggregated-metrics-reader` role.
+const BESIDE_OVERLAY: &str = "apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - manifests/overlays/release
+patches:
+  - target:
+      kind: Deployment
+      name: metrics-server
+    patch: |-
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --kubelet-insecure-tls
+  - patch: |-
+      $patch: delete
+      apiVersion: apiregistration.k8s.io/v1
+      kind: APIService
+      metadata:
+        name: v1beta1.metrics.k8s.io
+  - patch: |-
+      $patch: delete
+      apiVersion: rbac.authorization.k8s.io/v1
+      kind: ClusterRole
+      metadata:
+        name: system:aggregated-metrics-reader
+";
+
+/// Installs metrics-server beside kpulse (idempotent); returns its Service's ClusterIP
+/// once it answers for its own pod.
+fn install_metrics_server(
+    dirs: &Dirs,
+    kubectl: &Path,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<String> {
+    let kc = |args: &[&str]| -> Result<String> {
+        crate::exec::output(
+            Command::new(kubectl)
+                .arg("--kubeconfig")
+                .arg(dirs.kubeconfig())
+                .arg("--request-timeout=30s")
+                .args(args),
+        )
+    };
+    let owner = kc(&[
+        "get",
+        "apiservice",
+        "v1beta1.metrics.k8s.io",
+        "-o",
+        "jsonpath={.spec.service.namespace}/{.spec.service.name}",
+    ])?;
+    ensure!(
+        owner.starts_with("kpulse-system/"),
+        "v1beta1.metrics.k8s.io points at {owner}, not kpulse: run `cargo xtask cluster up --install`"
+    );
+    let src = gobuild::module_dir("sigs.k8s.io/metrics-server", versions::METRICS_SERVER)?;
+    let dir = dirs.etc.join("metrics-server-beside");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir)?;
+    crate::exec::run(
+        Command::new("cp")
+            .arg("-r")
+            .arg(src.join("manifests"))
+            .arg(&dir),
+    )?;
+    crate::exec::run(Command::new("chmod").arg("-R").arg("u+w").arg(&dir))?;
+    fs::write(dir.join("kustomization.yaml"), BESIDE_OVERLAY)?;
+    let rendered = kc(&["kustomize", &dir.display().to_string()])?;
+    ensure!(
+        !rendered.contains("kind: APIService")
+            && rendered.contains(&images::metrics_server_image()),
+        "the overlay kept metrics-server's APIService or changed its image"
+    );
+    kc(&["apply", "-k", &dir.display().to_string()])?;
+    let ip = kc(&[
+        "get",
+        "service",
+        "-n",
+        "kube-system",
+        "metrics-server",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])?;
+    let api = runtime.block_on(async {
+        Api::metrics_server(
+            &ip,
+            &dirs.pki.join("front-proxy-client.crt"),
+            &dirs.pki.join("front-proxy-client.key"),
+        )
+    })?;
+    let t = Instant::now();
+    super::host::wait_for(
+        dirs,
+        "metrics-server to serve its own pod",
+        None,
+        Duration::from_secs(180),
+        || {
+            let list =
+                runtime.block_on(api.pod_metrics("kube-system", "k8s-app=metrics-server"))?;
+            Ok(!list.is_empty())
+        },
+    )?;
+    println!(
+        "versus: metrics-server {} beside kpulse at {ip}:443, serving after {:.0} s",
+        versions::METRICS_SERVER,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(ip)
+}
+
+/// One answer of a poller.
+#[derive(Clone, Debug)]
+pub struct Observation {
+    /// When the answer arrived (unix ns).
+    pub at: i128,
+    pub points: Result<Vec<PodPoint>, String>,
+}
+
+/// Every answer each source gave, polling every `every`.
+#[derive(Clone, Default)]
+pub struct Observations(Arc<Mutex<Vec<(Source, Observation)>>>);
+
+impl Observations {
+    pub fn of(&self, source: Source) -> Vec<Observation> {
+        self.0
+            .lock()
+            .map(|v| {
+                v.iter()
+                    .filter(|(s, _)| *s == source)
+                    .map(|(_, o)| o.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The latest answer of `source` (or `None` before the first).
+    pub fn latest(&self, source: Source) -> Option<Observation> {
+        self.0.lock().ok().and_then(|v| {
+            v.iter()
+                .rev()
+                .find(|(s, _)| *s == source)
+                .map(|(_, o)| o.clone())
+        })
+    }
+}
+
+/// Upper bound on kept answers (2 sources × 10/s × 2 h).
+const MAX_OBSERVATIONS: usize = 144_000;
+
+/// Polls every API for `selector` in [`NAMESPACE`] every `every`, on the runtime's worker,
+/// until dropped.
+pub struct Poller {
+    pub seen: Observations,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Poller {
+    pub fn start(
+        runtime: &tokio::runtime::Runtime,
+        apis: &[Api],
+        selector: &str,
+        every: Duration,
+    ) -> Poller {
+        let seen = Observations::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        for api in apis {
+            let (api, seen, stop) = (api.clone(), seen.clone(), stop.clone());
+            let selector = selector.to_string();
+            runtime.spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    tick.tick().await;
+                    let points = api
+                        .pod_metrics(NAMESPACE, &selector)
+                        .await
+                        .map_err(|e| format!("{e:#}"));
+                    let o = Observation {
+                        at: truth::now_ns(),
+                        points,
+                    };
+                    if let Ok(mut v) = seen.0.lock() {
+                        if v.len() < MAX_OBSERVATIONS {
+                            v.push((api.source, o));
+                        }
+                    }
+                }
+            });
+        }
+        Poller { seen, stop }
+    }
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Nearest-rank percentile of `v` (sorted in place); NaN when empty.
+pub fn percentile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut v = vec![5.0, 1.0, 4.0, 2.0, 3.0];
+        assert_eq!(percentile(&mut v, 0.5), 3.0);
+        assert_eq!(percentile(&mut v, 0.95), 5.0);
+        assert_eq!(percentile(&mut v, 0.0), 1.0);
+        assert!(percentile(&mut [], 0.5).is_nan());
+    }
+}

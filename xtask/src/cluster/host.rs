@@ -406,6 +406,49 @@ pub fn start(
     Ok(pid)
 }
 
+/// Restarts a process [`start`] started, with its command line (as the kernel has it)
+/// edited by `edit`: same binary, cgroup, log and PID file. SIGTERM, then SIGKILL after
+/// 30 s. Returns the new PID.
+pub fn restart(
+    dirs: &Dirs,
+    name: &str,
+    edit: impl FnOnce(Vec<String>) -> Vec<String>,
+) -> Result<u32> {
+    let pid_file = dirs.state.join(format!("{name}.pid"));
+    let pid: u32 = fs::read_to_string(&pid_file)
+        .with_context(|| format!("cannot read {}", pid_file.display()))?
+        .trim()
+        .parse()
+        .with_context(|| format!("{}: not a PID", pid_file.display()))?;
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline"))
+        .with_context(|| format!("{name} (PID {pid}) is not running"))?;
+    let mut argv: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    if argv.is_empty() {
+        bail!("{name} (PID {pid}) has no command line");
+    }
+    let bin = PathBuf::from(argv.remove(0));
+    let args = edit(argv);
+    for (signal, wait) in [("-TERM", 30), ("-KILL", 10)] {
+        let _ = Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .stderr(Stdio::null())
+            .status();
+        let t = Instant::now();
+        while alive(pid) && t.elapsed() < Duration::from_secs(wait) {
+            thread::sleep(Duration::from_millis(100));
+        }
+        if !alive(pid) {
+            return start(dirs, name, &bin, &args, &[]);
+        }
+    }
+    bail!("{name} (PID {pid}) did not exit")
+}
+
 /// Whether process `pid` is alive (not a zombie).
 pub fn alive(pid: u32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {

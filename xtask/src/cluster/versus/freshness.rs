@@ -88,10 +88,11 @@ fn wait_served(poller: &Poller, pod: &str, ok: impl Fn(f64) -> bool) -> bool {
     false
 }
 
-fn jitter(max: Duration) -> Duration {
-    let nanos = truth::now_ns().unsigned_abs() as u64;
-    // The low bits of the clock: good enough to spread steps over the sampling cycles.
-    Duration::from_nanos((nanos / 1_000 % 1_000_003) * max.as_nanos() as u64 / 1_000_003)
+/// A random wait in `[0, max)`, so that steps fall anywhere in both systems' cycles.
+pub fn jitter(max: Duration) -> Duration {
+    Duration::from_nanos(fastrand::u64(
+        ..u64::try_from(max.as_nanos()).unwrap_or(u64::MAX).max(1),
+    ))
 }
 
 /// One step's instants (unix ns).
@@ -163,6 +164,11 @@ pub fn run(
     let burner = sampler.series("burner");
     let steady = sampler.series("steady");
     drop(sampler);
+    bench.keep_raw(
+        "freshness",
+        &seen,
+        &[("burner", &burner), ("steady", &steady)],
+    )?;
 
     // Freshness.
     let mut out = String::new();
@@ -193,12 +199,18 @@ pub fn run(
                         times.push(t);
                         let _ = writeln!(
                             per_step,
-                            "| {} | {} | {} | {:.3} | {:.2} s |",
+                            "| {} | {} | {} | {:.3} | {:.2} s | {} |",
                             i + 1,
                             if dir { "rise" } else { "drop" },
                             source.name(),
                             rate,
-                            t
+                            t,
+                            [1, 15]
+                                .iter()
+                                .map(|w| ideal_time(&burner, s, dir, Duration::from_secs(*w))
+                                    .map_or("–".to_string(), |t| format!("{t:.2} s")))
+                                .collect::<Vec<_>>()
+                                .join(" / ")
                         );
                     }
                     None => missed += 1,
@@ -213,6 +225,20 @@ pub fn run(
                 percentile(&mut times, 0.5),
                 p95,
                 percentile(&mut times, 1.0),
+            );
+        }
+        for w in [1, 15] {
+            let mut times: Vec<f64> = log
+                .iter()
+                .filter_map(|s| ideal_time(&burner, s, dir, Duration::from_secs(w)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "| {name} | *the counters' own trailing {w} s rate* | {:.2} s | {:.2} s | {:.2} s | {} |",
+                percentile(&mut times, 0.5),
+                percentile(&mut times, 0.95),
+                percentile(&mut times, 1.0),
+                log.len() - times.len(),
             );
         }
     }
@@ -269,7 +295,7 @@ pub fn run(
     let _ = writeln!(out, "\nPolls: {}.\n", errors.join("; "));
     let _ = writeln!(
         out,
-        "<details><summary>Every step</summary>\n\n| step | | source | rate (counters) | time |\n|---|---|---|---|---|\n{per_step}\n</details>\n"
+        "<details><summary>Every step</summary>\n\n| step | | source | rate (counters) | time | the counters' own trailing 1 s / 15 s rate |\n|---|---|---|---|---|---|\n{per_step}\n</details>\n"
     );
 
     // Accuracy.
@@ -322,28 +348,49 @@ fn busy_edge(series: &Series, flag: i128, rise: bool) -> Option<i128> {
 
 /// The freshness of one step for one source: `(seconds, rate)`.
 fn step_time(series: &Series, obs: &[Observation], s: &Step, rise: bool) -> Option<(f64, f64)> {
-    let on = busy_edge(series, s.on_flag, true)?;
-    // The level: the counters over the second half of the hold.
-    let rate = series.rate(on + (s.off_flag - on) / 2, s.off_flag)?;
-    let (from, ok): (i128, Box<dyn Fn(f64) -> bool>) = if rise {
-        (on, Box::new(move |c| c >= 0.9 * rate))
-    } else {
-        (
-            busy_edge(series, s.off_flag, false)?,
-            Box::new(move |c| c <= 0.1 * rate),
-        )
-    };
+    let (from, limit, rate, ok) = step_target(series, s, rise)?;
     let hit = obs
         .iter()
         .filter(|o| o.at >= from)
         .find(|o| served_cpu(o, "burner").is_some_and(&ok))?;
-    // A later step must not be credited to this one.
-    let limit = if rise {
-        s.off_flag
-    } else {
-        s.off_flag + MAX_WAIT.as_nanos() as i128
-    };
     (hit.at <= limit).then(|| ((hit.at - from) as f64 / 1e9, rate))
+}
+
+/// What a step's answer must show: `(the kernel's edge, the latest credited instant, the
+/// level, the test)`. A later step must not be credited to this one.
+#[allow(clippy::type_complexity)]
+fn step_target(
+    series: &Series,
+    s: &Step,
+    rise: bool,
+) -> Option<(i128, i128, f64, Box<dyn Fn(f64) -> bool>)> {
+    let on = busy_edge(series, s.on_flag, true)?;
+    // The level: the counters over the second half of the hold.
+    let rate = series.rate(on + (s.off_flag - on) / 2, s.off_flag)?;
+    if rise {
+        Some((on, s.off_flag, rate, Box::new(move |c| c >= 0.9 * rate)))
+    } else {
+        Some((
+            busy_edge(series, s.off_flag, false)?,
+            s.off_flag + MAX_WAIT.as_nanos() as i128,
+            rate,
+            Box::new(move |c| c <= 0.1 * rate),
+        ))
+    }
+}
+
+/// The same for a perfect API serving the counters' own rate over a trailing `window`,
+/// read every 5 ms: how much of a source's time the window alone explains.
+fn ideal_time(series: &Series, s: &Step, rise: bool, window: Duration) -> Option<f64> {
+    let (from, limit, _, ok) = step_target(series, s, rise)?;
+    let w = window.as_nanos() as i128;
+    series
+        .cpu
+        .iter()
+        .map(|(t, _)| *t)
+        .filter(|t| *t >= from && *t <= limit)
+        .find(|t| series.rate(t - w, *t).is_some_and(&ok))
+        .map(|t| (t - from) as f64 / 1e9)
 }
 
 /// Points whose truth moves less than this over the stated second are "determined".

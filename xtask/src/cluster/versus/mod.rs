@@ -15,12 +15,15 @@
 //!   pods; kpulse at 1 s and at 100 ms.
 //! - `load` ([`cost::under_load`]): every CPU saturated by best-effort pods: metrics-server's
 //!   scrapes against kpulse's data age, before, during and after.
+//! - `hpa` ([`hpa`]): the same Deployment and CPU HPA driven by each system in turn: load
+//!   step → first scale-up, load stop → scale-down.
 //!
 //! The report (markdown) goes to stdout and to `--out`.
 
 mod api;
 mod cost;
 mod freshness;
+mod hpa;
 mod truth;
 
 use std::{
@@ -44,6 +47,7 @@ pub enum Part {
     Freshness,
     Cost,
     Load,
+    Hpa,
 }
 
 /// `cargo xtask bench-vs-metrics-server` flags.
@@ -62,9 +66,18 @@ pub struct Options {
     /// including the cluster's own).
     #[arg(long, default_value_t = 95)]
     cost_pods: usize,
-    /// Length of each measured phase of the cost and load parts.
+    /// Off/on rounds of metrics-server in the cost part.
+    #[arg(long, default_value_t = 3)]
+    cost_rounds: usize,
+    /// Length of each measured phase of the cost part (the load part's are twice this).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     phase: Duration,
+    /// HPA trials per source and sync period.
+    #[arg(long, default_value_t = 5)]
+    hpa_trials: usize,
+    /// The controller-manager's HPA sync periods to try (15s is its default).
+    #[arg(long, value_delimiter = ',', default_value = "15s,1s", value_parser = humantime::parse_duration)]
+    hpa_sync_periods: Vec<Duration>,
     /// Where the markdown report goes.
     #[arg(long, default_value = "target/bench-vs-metrics-server.md")]
     out: PathBuf,
@@ -81,6 +94,8 @@ pub struct Bench {
     pub crictl: PathBuf,
     pub apis: Vec<Api>,
     pub report: String,
+    /// The report's path; raw data goes beside it.
+    pub out: PathBuf,
 }
 
 impl Bench {
@@ -148,6 +163,66 @@ impl Bench {
         Ok(())
     }
 
+    /// Waits until a Deployment of [`NAMESPACE`] has every replica ready.
+    pub fn rollout(&self, deployment: &str, timeout: Duration) -> Result<()> {
+        crate::exec::output(self.kubectl().args([
+            "rollout",
+            "status",
+            "-n",
+            NAMESPACE,
+            &format!("deployment/{deployment}"),
+            &format!("--timeout={}s", timeout.as_secs()),
+        ]))?;
+        Ok(())
+    }
+
+    /// Writes every answer and every counter read of a part beside the report, as JSON
+    /// lines (`<report>.<part>.jsonl`), for a second look at the figures.
+    pub fn keep_raw(
+        &self,
+        part: &str,
+        seen: &Observations,
+        series: &[(&str, &truth::Series)],
+    ) -> Result<()> {
+        use std::io::Write as _;
+        let path = self.out.with_extension(format!("{part}.jsonl"));
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir)?;
+        }
+        let mut f = std::io::BufWriter::new(fs::File::create(&path)?);
+        for source in Source::ALL {
+            for o in seen.of(source) {
+                let line = match &o.points {
+                    Ok(points) => serde_json::json!({
+                        "source": source.name(), "at": o.at.to_string(),
+                        "pods": points.iter().map(|p| serde_json::json!({
+                            "pod": p.pod, "timestamp": p.timestamp,
+                            "window": p.window.as_secs_f64(),
+                            "cpu": p.containers.iter().map(|c| c.cpu).sum::<f64>(),
+                            "memory": p.containers.iter().map(|c| c.memory).sum::<f64>(),
+                        })).collect::<Vec<_>>(),
+                    }),
+                    Err(e) => serde_json::json!({
+                        "source": source.name(), "at": o.at.to_string(), "error": e,
+                    }),
+                };
+                writeln!(f, "{line}")?;
+            }
+        }
+        for (name, s) in series {
+            for (at, cpu) in &s.cpu {
+                writeln!(
+                    f,
+                    "{}",
+                    serde_json::json!({"counter": name, "at": at.to_string(), "cpu_ns": cpu})
+                )?;
+            }
+        }
+        f.flush()?;
+        println!("versus: raw data in {}", path.display());
+        Ok(())
+    }
+
     fn section(&mut self, text: &str) {
         println!("{text}");
         self.report.push_str(text);
@@ -184,9 +259,10 @@ pub fn run(opts: &Options) -> Result<()> {
         crictl,
         apis,
         report: String::new(),
+        out: opts.out.clone(),
     };
     let parts = if opts.only.is_empty() {
-        vec![Part::Freshness, Part::Cost, Part::Load]
+        vec![Part::Freshness, Part::Cost, Part::Load, Part::Hpa]
     } else {
         opts.only.clone()
     };
@@ -207,8 +283,9 @@ pub fn run(opts: &Options) -> Result<()> {
         for part in &parts {
             match part {
                 Part::Freshness => freshness::run(&mut bench, &runtime, opts.steps, opts.new_pods)?,
-                Part::Cost => cost::run(&mut bench, &runtime, opts.cost_pods, opts.phase)?,
-                Part::Load => cost::under_load(&mut bench, &runtime, opts.phase)?,
+                Part::Cost => cost::run(&mut bench, opts.cost_pods, opts.phase, opts.cost_rounds)?,
+                Part::Load => cost::under_load(&mut bench, &runtime, 2 * opts.phase)?,
+                Part::Hpa => hpa::run(&mut bench, opts.hpa_trials, &opts.hpa_sync_periods)?,
             }
             reset_namespace(&bench)?;
         }

@@ -1,0 +1,313 @@
+//! The HPA driven by each system in turn.
+//!
+//! The same Deployment (`web`: request 100m, limit 200m, spinning while a file exists on
+//! the node, so one loaded pod is at 200 % of its request) and `autoscaling/v2` HPA (CPU
+//! utilisation 50 %, 1–4 replicas, scale-up with the default behaviour, i.e. no
+//! stabilisation; scale-down stabilisation 30 s instead of the default 300 s so that a trial
+//! ends in minutes) are driven by kpulse, then by metrics-server: the
+//! `v1beta1.metrics.k8s.io` APIService, the version the HPA reads up to 1.37 (`cluster
+//! check` asserts it), is pointed at metrics-server's Service for its trials
+//! (`insecureSkipTLSVerify: true`, as its release manifest has it) and back to kpulse after,
+//! whatever happens. Each trial: idle at 1 replica with a utilisation reported, load on →
+//! the first `desiredReplicas > 1` seen (polled every 250 ms), replicas ready, load off →
+//! `desiredReplicas = 1` seen. Both sources are tried at each of the given
+//! `--horizontal-pod-autoscaler-sync-period`s (the controller-manager is restarted with the
+//! flag, and without it, i.e. the default 15 s, at the end).
+
+use std::{
+    fmt::Write as _,
+    fs, thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context, Result};
+use serde_json::Value;
+
+use super::{api::Source, percentile, Bench, NAMESPACE};
+use crate::cluster::images;
+
+const POLL: Duration = Duration::from_millis(250);
+
+fn manifest(load: &std::path::Path) -> String {
+    format!(
+        r#"{{"apiVersion":"v1","kind":"List","items":[
+{{"apiVersion":"apps/v1","kind":"Deployment",
+"metadata":{{"name":"web","namespace":"{NAMESPACE}"}},
+"spec":{{"replicas":1,"selector":{{"matchLabels":{{"app":"web"}}}},
+"template":{{"metadata":{{"labels":{{"app":"web","kpulse.dev/bench":"versus"}}}},
+"spec":{{"terminationGracePeriodSeconds":1,"containers":[{{"name":"main","image":"{image}","imagePullPolicy":"Never",
+"command":["/bin/sh","-c","trap 'exit 0' TERM; while :; do if [ -e /v/on ]; then i=0; while [ $i -lt 5000 ]; do i=$((i+1)); done; else sleep 0.1; fi; done"],
+"resources":{{"requests":{{"cpu":"100m","memory":"16Mi"}},"limits":{{"cpu":"200m","memory":"32Mi"}}}},
+"volumeMounts":[{{"name":"v","mountPath":"/v","readOnly":true}}]}}],
+"volumes":[{{"name":"v","hostPath":{{"path":"{load}","type":"Directory"}}}}]}}}}}}}},
+{{"apiVersion":"autoscaling/v2","kind":"HorizontalPodAutoscaler",
+"metadata":{{"name":"web","namespace":"{NAMESPACE}"}},
+"spec":{{"scaleTargetRef":{{"apiVersion":"apps/v1","kind":"Deployment","name":"web"}},
+"minReplicas":1,"maxReplicas":4,
+"metrics":[{{"type":"Resource","resource":{{"name":"cpu","target":{{"type":"Utilization","averageUtilization":50}}}}}}],
+"behavior":{{"scaleDown":{{"stabilizationWindowSeconds":30}}}}}}}}]}}"#,
+        image = images::BUSYBOX_IMAGE,
+        load = load.display()
+    )
+}
+
+/// Points `v1beta1.metrics.k8s.io` at a source; returns what to patch back.
+fn point_apiservice(bench: &Bench, source: Source, original: &Value) -> Result<()> {
+    let patch = match source {
+        Source::MetricsServer => r#"{"spec":{"service":{"name":"metrics-server","namespace":"kube-system","port":443},"caBundle":null,"insecureSkipTLSVerify":true}}"#.to_string(),
+        Source::Kpulse => serde_json::json!({"spec": {
+            "service": original["spec"]["service"],
+            "insecureSkipTLSVerify": false,
+            "caBundle": original["spec"]["caBundle"],
+        }})
+        .to_string(),
+    };
+    crate::exec::output(bench.kubectl().args([
+        "patch",
+        "apiservice",
+        "v1beta1.metrics.k8s.io",
+        "--type=merge",
+        "-p",
+        &patch,
+    ]))?;
+    let want = match source {
+        Source::MetricsServer => "kube-system/metrics-server",
+        Source::Kpulse => "kpulse-system/kpulse-aggregator-api",
+    };
+    let t = Instant::now();
+    loop {
+        let v = bench.json(&["get", "apiservice", "v1beta1.metrics.k8s.io"])?;
+        let at = format!(
+            "{}/{}",
+            v["spec"]["service"]["namespace"].as_str().unwrap_or(""),
+            v["spec"]["service"]["name"].as_str().unwrap_or("")
+        );
+        let available = v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Available" && c["status"] == "True");
+        if at == want && available {
+            return Ok(());
+        }
+        ensure!(
+            t.elapsed() < Duration::from_secs(120),
+            "v1beta1.metrics.k8s.io not Available on {want} within 120 s: {}",
+            v["status"]
+        );
+        thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn hpa(bench: &Bench) -> Result<Value> {
+    bench.json(&["get", "hpa", "web", "-n", NAMESPACE])
+}
+
+/// What one trial saw.
+#[derive(Clone, Copy, Debug)]
+struct Trial {
+    /// Seconds from load on to `desiredReplicas > 1`.
+    up: f64,
+    /// That `desiredReplicas`.
+    replicas: i64,
+    /// Seconds from load off to `desiredReplicas = 1`.
+    down: f64,
+}
+
+fn trial(bench: &Bench, flag: &std::path::Path, sync: Duration) -> Result<Trial> {
+    // Idle, one replica, a utilisation read from the source in place.
+    let t = Instant::now();
+    loop {
+        let v = hpa(bench)?;
+        let d = bench.json(&["get", "deployment", "web", "-n", NAMESPACE])?;
+        let idle = v["status"]["currentMetrics"][0]["resource"]["current"]["averageUtilization"]
+            .as_i64()
+            .is_some_and(|u| u < 50);
+        if idle
+            && v["status"]["desiredReplicas"].as_i64() == Some(1)
+            && d["status"]["replicas"].as_i64() == Some(1)
+            && d["status"]["readyReplicas"].as_i64() == Some(1)
+        {
+            break;
+        }
+        ensure!(
+            t.elapsed() < Duration::from_secs(300),
+            "the HPA did not settle idle at 1 replica in 300 s: {}",
+            v["status"]
+        );
+        thread::sleep(Duration::from_secs(1));
+    }
+    // A random point of the controller's cycle.
+    thread::sleep(super::freshness::jitter(sync));
+    fs::write(flag, b"")?;
+    let on = Instant::now();
+    let (up, replicas) = loop {
+        let v = hpa(bench)?;
+        let desired = v["status"]["desiredReplicas"].as_i64().unwrap_or(1);
+        if desired > 1 {
+            break (on.elapsed().as_secs_f64(), desired);
+        }
+        ensure!(
+            on.elapsed() < Duration::from_secs(300),
+            "no scale-up within 300 s: {}",
+            v["status"]
+        );
+        thread::sleep(POLL);
+    };
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(120) {
+        let d = bench.json(&["get", "deployment", "web", "-n", NAMESPACE])?;
+        if d["status"]["readyReplicas"].as_i64().unwrap_or(0) >= replicas {
+            break;
+        }
+        thread::sleep(Duration::from_secs(1));
+    }
+    thread::sleep(super::freshness::jitter(sync));
+    fs::remove_file(flag)?;
+    let off = Instant::now();
+    let down = loop {
+        let v = hpa(bench)?;
+        if v["status"]["desiredReplicas"].as_i64() == Some(1) {
+            break off.elapsed().as_secs_f64();
+        }
+        ensure!(
+            off.elapsed() < Duration::from_secs(400),
+            "no scale-down within 400 s: {}",
+            v["status"]
+        );
+        thread::sleep(POLL);
+    };
+    Ok(Trial { up, replicas, down })
+}
+
+/// The controller-manager's default `--horizontal-pod-autoscaler-sync-period`.
+pub const DEFAULT_SYNC: Duration = Duration::from_secs(15);
+const SYNC_FLAG: &str = "--horizontal-pod-autoscaler-sync-period=";
+
+/// Restarts kube-controller-manager with `sync` (no flag for the default) and waits for it.
+fn set_sync(bench: &Bench, sync: Duration) -> Result<()> {
+    crate::cluster::host::restart(&bench.dirs, "kube-controller-manager", |args| {
+        let mut args: Vec<String> = args
+            .into_iter()
+            .filter(|a| !a.starts_with(SYNC_FLAG))
+            .collect();
+        if sync != DEFAULT_SYNC {
+            args.push(format!("{SYNC_FLAG}{}ms", sync.as_millis()));
+        }
+        args
+    })?;
+    crate::cluster::host::wait_for(
+        &bench.dirs,
+        "kube-controller-manager /healthz",
+        None,
+        Duration::from_secs(60),
+        || {
+            let out = std::process::Command::new("curl")
+                .args(["-sk", "--max-time", "2", "https://127.0.0.1:10257/healthz"])
+                .output()?;
+            Ok(String::from_utf8_lossy(&out.stdout) == "ok")
+        },
+    )?;
+    Ok(())
+}
+
+pub fn run(bench: &mut Bench, trials: usize, syncs: &[Duration]) -> Result<()> {
+    let load = bench.dirs.run.join("versus-hpa");
+    fs::create_dir_all(&load)?;
+    let flag = load.join("on");
+    let _ = fs::remove_file(&flag);
+    let original = bench.json(&["get", "apiservice", "v1beta1.metrics.k8s.io"])?;
+    ensure!(
+        original["spec"]["service"]["namespace"] == "kpulse-system",
+        "v1beta1.metrics.k8s.io does not point at kpulse"
+    );
+    bench.apply("hpa", &manifest(&load))?;
+    bench.rollout("web", Duration::from_secs(120))?;
+    let mut results: Vec<(Duration, Source, Vec<Trial>)> = Vec::new();
+    let mut failure = None;
+    'all: for &sync in syncs {
+        if let Err(e) = set_sync(bench, sync) {
+            failure = Some(e);
+            break;
+        }
+        for source in Source::ALL {
+            let r = (|| -> Result<Vec<Trial>> {
+                point_apiservice(bench, source, &original)?;
+                let mut v = Vec::new();
+                for i in 0..trials {
+                    let t = trial(bench, &flag, sync).with_context(|| {
+                        format!("{} sync {sync:?} trial {}", source.name(), i + 1)
+                    })?;
+                    println!(
+                        "versus: HPA on {} (sync {sync:?}): trial {}/{trials}: up after {:.1} s to {}, down after {:.1} s",
+                        source.name(),
+                        i + 1,
+                        t.up,
+                        t.replicas,
+                        t.down
+                    );
+                    v.push(t);
+                }
+                Ok(v)
+            })();
+            let _ = fs::remove_file(&flag);
+            match r {
+                Ok(v) => results.push((sync, source, v)),
+                Err(e) => {
+                    failure = Some(e);
+                    break 'all;
+                }
+            }
+        }
+    }
+    // Whatever happened: metrics.k8s.io back on kpulse, the controller-manager as `up` set it.
+    point_apiservice(bench, Source::Kpulse, &original)
+        .context("pointing v1beta1.metrics.k8s.io back at kpulse")?;
+    if syncs.iter().any(|s| *s != DEFAULT_SYNC) {
+        set_sync(bench, DEFAULT_SYNC).context("restoring the controller-manager")?;
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "## The HPA on each source ({trials} trials each)\n\n\
+         `autoscaling/v2`, CPU utilisation 50 % of a 100m request, 1–4 replicas, default \
+         scale-up behaviour (no stabilisation), scale-down stabilisation 30 s. Load (each pod \
+         at its 200m limit) switched on and off at a random point of the HPA's cycle; times \
+         are until `desiredReplicas` changed, polled every 250 ms. The HPA reads \
+         `metrics.k8s.io/v1beta1`, whose APIService points at the source under test.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| HPA sync | source | first scale-up p50 | max | every trial | replicas | scale-down p50 | max |\n|---|---|---|---|---|---|---|---|"
+    );
+    for (sync, source, v) in &results {
+        let mut up: Vec<f64> = v.iter().map(|t| t.up).collect();
+        let mut down: Vec<f64> = v.iter().map(|t| t.down).collect();
+        let every = v
+            .iter()
+            .map(|t| format!("{:.1}", t.up))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let replicas = v
+            .iter()
+            .map(|t| t.replicas.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ =
+            writeln!(
+            out,
+            "| {sync:?}{} | {} | {:.1} s | {:.1} s | {every} | {replicas} | {:.1} s | {:.1} s |",
+            if *sync == DEFAULT_SYNC { " (default)" } else { "" },
+            source.name(),
+            percentile(&mut up, 0.5),
+            percentile(&mut up, 1.0),
+            percentile(&mut down, 0.5),
+            percentile(&mut down, 1.0),
+        );
+    }
+    bench.section(&out);
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

@@ -1,9 +1,9 @@
 //! Freshness and accuracy on the same pods, read through both APIs every 100 ms.
 //!
 //! - **Steps.** Pod `burner` (CPU limit 500m) spins while a file exists on the node and
-//!   idles otherwise. Each step waits a random 0–1 s (so that steps fall anywhere in both
+//!   idles otherwise. Each step waits a random 0–15 s (so that steps fall anywhere in both
 //!   systems' sampling cycles), turns the load on, holds it until both APIs have served it
-//!   plus 3 s, turns it off and holds again. The step's instant is the kernel's: when the
+//!   plus 3 s and another random 0–15 s, turns it off and holds again. The step's instant is the kernel's: when the
 //!   burner's CPU counter starts (or stops) climbing at ≥ 0.5 CPU over 20 ms, to one 5 ms
 //!   read. Freshness is the time from that instant to the first answer serving ≥ 90 % of
 //!   the new rate (≤ 10 % of it after a drop), the rate being what the counters say over the
@@ -14,7 +14,7 @@
 //!   over the window it states. Both APIs serve whole-second timestamps (`metav1.Time`), so
 //!   a window ends somewhere in `[t, t + 1 s)`: the truth is taken over the window ending at
 //!   `t + 0.5 s`, and the spread of the truth over that second is reported beside.
-//! - **New pods.** Pods created one by one, a few seconds apart: time from the container's
+//! - **New pods.** Pods created one by one, 2–17 s apart (at random): time from the container's
 //!   start (containerd's `startedAt`, in ns) to the first answer listing the pod.
 
 use std::{
@@ -35,6 +35,9 @@ use crate::cluster::images;
 
 const BURNER_LIMIT: f64 = 0.5;
 const HOLD_AFTER: Duration = Duration::from_secs(3);
+/// The longer of the two systems' cycles (metrics-server's default resolution): each step
+/// and each new pod waits a random part of it, so that they fall anywhere in both cycles.
+const CYCLE: Duration = Duration::from_secs(15);
 const MAX_WAIT: Duration = Duration::from_secs(120);
 const POLL: Duration = Duration::from_millis(100);
 const SEC: i128 = 1_000_000_000;
@@ -142,12 +145,12 @@ pub fn run(
     thread::sleep(Duration::from_secs(20));
     let mut log = Vec::new();
     for i in 0..steps {
-        thread::sleep(jitter(Duration::from_secs(1)));
+        thread::sleep(jitter(CYCLE));
         let on_flag = truth::now_ns();
         fs::write(&flag, b"")?;
         let up = wait_served(&poller, "burner", |c| c >= 0.9 * BURNER_LIMIT);
         thread::sleep(HOLD_AFTER);
-        thread::sleep(jitter(Duration::from_secs(1)));
+        thread::sleep(jitter(CYCLE));
         let off_flag = truth::now_ns();
         fs::remove_file(&flag)?;
         let down = wait_served(&poller, "burner", |c| c <= 0.1 * BURNER_LIMIT);
@@ -484,7 +487,7 @@ fn accuracy(obs: &[Observation], pod: &str, series: &Series) -> Accuracy {
 fn new_pod_starts(bench: &Bench, poller: &Poller, n: usize) -> Result<Vec<(String, i128)>> {
     let mut names = Vec::new();
     for k in 0..n {
-        thread::sleep(Duration::from_secs(4) + jitter(Duration::from_secs(3)));
+        thread::sleep(Duration::from_secs(2) + jitter(CYCLE));
         let name = format!("fresh-{k}");
         bench.apply(&name, &pod(&name, "100m", "16Mi", LIGHT, ""))?;
         names.push(name);

@@ -11,8 +11,8 @@
 //!   against the cgroup counters over the window each API states; a new pod's time to its
 //!   first served value.
 //! - `cost` ([`cost`]): CPU and memory of kpulse (agent and aggregator-api) against
-//!   metrics-server plus what the kubelet spends because it is scraped, on a node full of
-//!   pods; kpulse at 1 s and at 100 ms.
+//!   metrics-server plus what the kubelet and containerd spend serving its scrapes, on a node
+//!   full of pods; kpulse at 1 s and at 100 ms.
 //! - `load` ([`cost::under_load`]): every CPU saturated by best-effort pods: metrics-server's
 //!   scrapes against kpulse's data age, before, during and after.
 //! - `hpa` ([`hpa`]): the same Deployment and CPU HPA driven by each system in turn: load

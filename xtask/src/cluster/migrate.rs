@@ -7,7 +7,7 @@
 
 use std::{
     fs,
-    path::Path,
+    path::{Path, PathBuf},
     process::Command,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -44,10 +44,10 @@ fn kubectl(dirs: &Dirs, bin: &Path) -> Command {
     c
 }
 
-/// Installs metrics-server and waits until `kubectl top pod -A` answers through it.
-pub fn install_metrics_server(dirs: &Dirs, bin: &Path) -> Result<Duration> {
+/// A kustomization in `etc/<name>` over a copy of metrics-server's module manifests.
+pub fn metrics_server_kustomization(dirs: &Dirs, name: &str, overlay: &str) -> Result<PathBuf> {
     let src = gobuild::module_dir("sigs.k8s.io/metrics-server", versions::METRICS_SERVER)?;
-    let dir = dirs.etc.join("metrics-server");
+    let dir = dirs.etc.join(name);
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
     // The module cache is read-only; kustomize wants the files under its root.
@@ -58,7 +58,13 @@ pub fn install_metrics_server(dirs: &Dirs, bin: &Path) -> Result<Duration> {
             .arg(&dir),
     )?;
     crate::exec::run(Command::new("chmod").arg("-R").arg("u+w").arg(&dir))?;
-    fs::write(dir.join("kustomization.yaml"), OVERLAY)?;
+    fs::write(dir.join("kustomization.yaml"), overlay)?;
+    Ok(dir)
+}
+
+/// Installs metrics-server and waits until `kubectl top pod -A` answers through it.
+pub fn install_metrics_server(dirs: &Dirs, bin: &Path) -> Result<Duration> {
+    let dir = metrics_server_kustomization(dirs, "metrics-server", OVERLAY)?;
     let t = Instant::now();
     crate::exec::run(kubectl(dirs, bin).arg("apply").arg("-k").arg(&dir))?;
     super::host::wait_for(

@@ -299,6 +299,7 @@ pub fn run(bench: &mut Bench, pods: usize, phase: Duration, rounds: usize) -> Re
     let mut on = Vec::new();
     for round in 0..rounds {
         scale_metrics_server(bench, 0)?;
+        // Its last scrape's work on the node is over.
         thread::sleep(Duration::from_secs(10));
         off.push(measure(&meters(bench, false)?, phase)?);
         scale_metrics_server(bench, 1)?;
@@ -311,6 +312,7 @@ pub fn run(bench: &mut Bench, pods: usize, phase: Duration, rounds: usize) -> Re
     let scrapes = 100;
     let (kubelet_scrape, containerd_scrape, scrape_time) = scrape_cost(bench, scrapes)?;
     set_agent_resolution(bench, "100ms")?;
+    // The new agent's start-up (eBPF load, first pod list) is not part of its steady cost.
     thread::sleep(Duration::from_secs(15));
     let fast = measure(&meters(bench, false)?, phase);
     set_agent_resolution(bench, "1s")?;
@@ -486,6 +488,7 @@ pub fn under_load(bench: &mut Bench, rt: &tokio::runtime::Runtime, phase: Durati
         )
     })?;
     let poller = Poller::start(rt, &bench.apis, "app=probe", Duration::from_millis(100));
+    // Until metrics-server has scraped the new probe pod twice (its first window).
     thread::sleep(Duration::from_secs(20));
     let mut marks = vec![(truth::now_ns(), rt.block_on(scrapes(&admin))?)];
     thread::sleep(phase);

@@ -374,18 +374,11 @@ fn install_metrics_server(
         owner.starts_with("kpulse-system/"),
         "v1beta1.metrics.k8s.io points at {owner}, not kpulse: run `cargo xtask cluster up --install`"
     );
-    let src = gobuild::module_dir("sigs.k8s.io/metrics-server", versions::METRICS_SERVER)?;
-    let dir = dirs.etc.join("metrics-server-beside");
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir)?;
-    crate::exec::run(
-        Command::new("cp")
-            .arg("-r")
-            .arg(src.join("manifests"))
-            .arg(&dir),
+    let dir = super::migrate::metrics_server_kustomization(
+        dirs,
+        "metrics-server-beside",
+        BESIDE_OVERLAY,
     )?;
-    crate::exec::run(Command::new("chmod").arg("-R").arg("u+w").arg(&dir))?;
-    fs::write(dir.join("kustomization.yaml"), BESIDE_OVERLAY)?;
     let rendered = kc(&["kustomize", &dir.display().to_string()])?;
     ensure!(
         !rendered.contains("kind: APIService")

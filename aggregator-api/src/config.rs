@@ -127,10 +127,23 @@ pub struct Config {
     /// Data older than this is never served (a disconnected node's metrics expire).
     #[arg(long, env = "KPULSE_METRIC_EXPIRY", default_value = "10s", value_parser = duration)]
     pub metric_expiry: std::time::Duration,
+    /// The window CPU rates are served over: from the newest point the agent sent at
+    /// least this long ago to its latest, refreshed with every point (so still every
+    /// agent interval). `0s`: one agent interval. See docs/design/aggregator.md,
+    /// "The served window", for the measured trade-off.
+    #[arg(long, env = "KPULSE_METRIC_WINDOW", default_value = "1s", value_parser = duration)]
+    pub metric_window: std::time::Duration,
     /// A watch without `timeoutSeconds` ends after a random time between this and twice
     /// this (as the apiserver's flag of the same name).
     #[arg(long, env = "KPULSE_MIN_REQUEST_TIMEOUT", default_value = "1800", value_parser = parse_seconds)]
     pub min_request_timeout: std::time::Duration,
+    /// After SIGTERM, keep serving this long before draining, with `/readyz` failing
+    /// (kube-apiserver's flag of the same name). kube-apiserver picks an aggregated
+    /// server's endpoint from its own copy of the EndpointSlices, which learns of a
+    /// terminating pod some time after the pod is told to stop; a replica that closed
+    /// its port at once would make those requests fail with 503. 0: drain at once.
+    #[arg(long, env = "KPULSE_SHUTDOWN_DELAY_DURATION", default_value = "0s", value_parser = duration)]
+    pub shutdown_delay_duration: std::time::Duration,
     /// A JSON Lines file of agents' wire messages (Hello, Snapshot, Update), followed as
     /// it grows: the loader for tests and offline use (see the `feed` module). Agents'
     /// streams replace it in a cluster.
@@ -230,6 +243,10 @@ impl Config {
         )
     }
 }
+
+/// The longest `--metric-window`: the HPA's default CPU initialisation period (5 min),
+/// inside which a longer window would hide every new pod's CPU.
+pub const MAX_METRIC_WINDOW: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Whole seconds, at least 1 (the apiserver's `--min-request-timeout` is an int).
 fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
@@ -335,6 +352,12 @@ impl Config {
         if self.metric_expiry.is_zero() {
             errs.push("--metric-expiry must be positive".into());
         }
+        if self.metric_window > MAX_METRIC_WINDOW {
+            errs.push(format!(
+                "--metric-window must be at most {}s (the HPA's CPU initialisation period)",
+                MAX_METRIC_WINDOW.as_secs()
+            ));
+        }
         for (flag, path) in [
             (
                 "--requestheader-client-ca-file",
@@ -390,6 +413,23 @@ mod tests {
             "::1",
         ]);
         assert_eq!(c.ingest_address().to_string(), "[::1]:8444");
+    }
+
+    #[test]
+    fn the_served_window_is_bounded() {
+        assert_eq!(parse(&[]).metric_window, std::time::Duration::from_secs(1));
+        parse(&["--metric-window", "0s"])
+            .validate()
+            .expect("one interval");
+        parse(&["--metric-window", "5m"])
+            .validate()
+            .expect("the bound");
+        let e = parse(&["--metric-window", "301s"])
+            .validate()
+            .expect_err("too long")
+            .to_string();
+        assert!(e.contains("--metric-window must be at most 300s"), "{e}");
+        assert!(Config::try_parse_from(["x", "--metric-window", "-1s"]).is_err());
     }
 
     #[test]

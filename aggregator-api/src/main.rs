@@ -99,9 +99,10 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let client = kube_client(&cfg).await?;
     let security = security(&cfg, client.clone()).await?;
     let store = Arc::new(
-        kpulse_aggregator_api::store::Store::new(kpulse_aggregator_api::store::StoreConfig::new(
-            cfg.metric_expiry,
-        ))
+        kpulse_aggregator_api::store::Store::new(kpulse_aggregator_api::store::StoreConfig {
+            window: cfg.metric_window,
+            ..kpulse_aggregator_api::store::StoreConfig::new(cfg.metric_expiry)
+        })
         .context("store configuration")?,
     );
     // Nodes from the API as metrics-server's Node informer (labels, existence), where there
@@ -157,7 +158,21 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             Err("no metrics to serve".into())
         }
     });
-    let mut readyz: Vec<Arc<dyn health::Check>> = vec![health::ping(), storage_ready];
+    // Fails from SIGTERM on, through --shutdown-delay-duration (as kube-apiserver's
+    // `shutdown` check), so that nothing new is routed to a replica that is leaving.
+    let terminating = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let shutdown_check = {
+        let terminating = terminating.clone();
+        health::FnCheck::arc("shutdown", move || {
+            if terminating.load(std::sync::atomic::Ordering::Relaxed) {
+                Err("process is shutting down".into())
+            } else {
+                Ok(())
+            }
+        })
+    };
+    let mut readyz: Vec<Arc<dyn health::Check>> =
+        vec![health::ping(), shutdown_check, storage_ready];
     if let Some((nodes, agents)) = expected {
         let served_store = store.clone();
         readyz.push(Arc::new(health::Completeness::new(
@@ -209,8 +224,17 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     });
     // One signal, two servers.
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let delay = cfg.shutdown_delay_duration;
     tokio::spawn(async move {
         shutdown.await;
+        terminating.store(true, std::sync::atomic::Ordering::Relaxed);
+        if !delay.is_zero() {
+            tracing::info!(
+                ?delay,
+                "still serving until kube-apiserver routes elsewhere (--shutdown-delay-duration)"
+            );
+            tokio::time::sleep(delay).await;
+        }
         stop.send_replace(true);
     });
     let signalled = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -458,8 +482,8 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
             return std::future::pending().await;
         };
         tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: draining"),
-            _ = int.recv() => tracing::info!("SIGINT: draining"),
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
         }
     }
 }

@@ -163,6 +163,11 @@ pub struct StoreConfig {
     /// The oldest an instance may be at its first point for its start time to serve as the
     /// previous point (see the module docs). Zero disables first-interval visibility.
     pub first_point_max_age: Duration,
+    /// The served window: CPU is the rate from the newest kept point at least this old
+    /// (less 1/16 of it, for the agents' tick jitter) to the last point, refreshed with
+    /// every point (see "Served window" in the module docs). Zero: from the point before
+    /// the last, i.e. one agent interval.
+    pub window: Duration,
 }
 
 impl StoreConfig {
@@ -171,6 +176,7 @@ impl StoreConfig {
         StoreConfig {
             metric_expiry,
             first_point_max_age: DEFAULT_FIRST_POINT_MAX_AGE,
+            window: Duration::ZERO,
         }
     }
 }
@@ -454,18 +460,101 @@ impl Point {
     }
 }
 
-/// What a rate is computed from: the earlier point's time and counter.
-#[derive(Clone, Copy, Debug)]
+/// What a rate is computed from: an earlier point's time and counter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Base {
     timestamp: UnixNanos,
     cpu: CpuNanos,
 }
 
-/// The last point of one instance and, when known, the one before it.
+impl Base {
+    fn of(p: &Point) -> Base {
+        Base {
+            timestamp: p.timestamp,
+            cpu: p.cpu,
+        }
+    }
+}
+
+/// Points kept for the served window: the one the rate is taken from, then up to
+/// [`WINDOW_STEPS`] younger ones spaced at least `window / WINDOW_STEPS` apart, so that
+/// one of them is old enough when the window slides on.
+const BASES: usize = WINDOW_STEPS as usize + 1;
+/// See [`BASES`]: a served window is at most `window + window / WINDOW_STEPS` plus one
+/// agent interval.
+const WINDOW_STEPS: u64 = 4;
+
+/// Earlier points of one instance, oldest first; the oldest is the rate's base.
+#[derive(Clone, Copy, Debug, Default)]
+struct Bases {
+    at: [Base; BASES],
+    len: u8,
+}
+
+impl Bases {
+    fn one(b: Base) -> Bases {
+        let mut at = [Base::default(); BASES];
+        at[0] = b;
+        Bases { at, len: 1 }
+    }
+
+    fn as_slice(&self) -> &[Base] {
+        &self.at[..usize::from(self.len).min(BASES)]
+    }
+
+    fn oldest(&self) -> Option<Base> {
+        self.as_slice().first().copied()
+    }
+
+    fn newest(&self) -> Option<Base> {
+        self.as_slice().last().copied()
+    }
+
+    /// Appends `b` (younger than every kept point). When full, the second oldest makes
+    /// room: the oldest is the current base and must stay until a younger one is old
+    /// enough. With the spacing [`Limits::advance`] keeps this never happens.
+    fn push(&mut self, b: Base) {
+        let len = usize::from(self.len).min(BASES);
+        if len == BASES {
+            self.at.copy_within(2.., 1);
+            self.at[BASES - 1] = b;
+        } else {
+            self.at[len] = b;
+            self.len += 1;
+        }
+    }
+
+    /// Drops the oldest points while the next one is at least `qualify` before `t`: the
+    /// base becomes the newest point old enough for the window.
+    fn slide(&mut self, t: UnixNanos, qualify: u64) {
+        let len = usize::from(self.len).min(BASES);
+        let mut drop = 0;
+        while drop + 1 < len && t.0.saturating_sub(self.at[drop + 1].timestamp.0) >= qualify {
+            drop += 1;
+        }
+        if drop > 0 {
+            self.at.copy_within(drop.., 0);
+            self.len -= drop as u8;
+        }
+    }
+
+    /// Keeps the points strictly before `p` whose counter is not above its (for a point
+    /// that went back in time).
+    fn truncate_after(&mut self, p: &Point) {
+        let keep = self
+            .as_slice()
+            .iter()
+            .take_while(|b| b.timestamp < p.timestamp && b.cpu <= p.cpu)
+            .count();
+        self.len = keep as u8;
+    }
+}
+
+/// The last point of one instance and the earlier points its rate may start from.
 #[derive(Clone, Copy, Debug)]
 struct Series {
     last: Point,
-    prev: Option<Base>,
+    bases: Bases,
 }
 
 #[derive(Debug)]
@@ -514,6 +603,11 @@ struct Rate {
 struct Limits {
     expiry: u64,
     first_point_max_age: u64,
+    /// A point this old or older can be the base of the served window (`window` less
+    /// 1/16 of it; 0 with no window, i.e. the previous point).
+    qualify: u64,
+    /// Kept points are at least this far apart (`window / WINDOW_STEPS`).
+    spacing: u64,
 }
 
 impl Limits {
@@ -523,16 +617,29 @@ impl Limits {
         now.0.saturating_sub(t.0) <= self.expiry
     }
 
+    fn new(config: &StoreConfig) -> Limits {
+        let window = duration_nanos(config.window);
+        Limits {
+            expiry: duration_nanos(config.metric_expiry),
+            first_point_max_age: duration_nanos(config.first_point_max_age),
+            qualify: window - window / 16,
+            spacing: window / WINDOW_STEPS,
+        }
+    }
+
     /// The series of a point with no usable predecessor of its own instance.
     fn first(&self, last: Point) -> Series {
-        let prev = last.started_at.and_then(|start| {
+        let start = last.started_at.and_then(|start| {
             let age = last.timestamp.0.checked_sub(start.0)?;
             (age >= MIN_FIRST_WINDOW_NANOS && age <= self.first_point_max_age).then_some(Base {
                 timestamp: start,
                 cpu: CpuNanos(0),
             })
         });
-        Series { last, prev }
+        Series {
+            last,
+            bases: start.map(Bases::one).unwrap_or_default(),
+        }
     }
 
     /// The series after `new` arrives; true when `new` starts a new instance.
@@ -549,34 +656,26 @@ impl Limits {
                 return (self.first(new), true);
             }
             if self.fresh(old.last.timestamp, now) {
-                let prev = Base {
-                    timestamp: old.last.timestamp,
-                    cpu: old.last.cpu,
-                };
-                return (
-                    Series {
-                        last: new,
-                        prev: Some(prev),
-                    },
-                    false,
-                );
+                let mut bases = old.bases;
+                let spaced = bases.newest().is_none_or(|b| {
+                    old.last.timestamp.0.saturating_sub(b.timestamp.0) >= self.spacing
+                });
+                if spaced {
+                    bases.push(Base::of(&old.last));
+                }
+                bases.slide(new.timestamp, self.qualify);
+                return (Series { last: new, bases }, false);
             }
             return (self.first(new), false);
         }
-        // A repeated or older point: keep the previous point only if it is still older.
-        match old.prev {
-            Some(p)
-                if p.timestamp < new.timestamp
-                    && p.cpu <= new.cpu
-                    && self.fresh(p.timestamp, now) =>
-            {
-                (
-                    Series {
-                        last: new,
-                        prev: Some(p),
-                    },
-                    false,
-                )
+        // A repeated or older point: keep the earlier points that are still older, if the
+        // newest of them is fresh.
+        let mut bases = old.bases;
+        bases.truncate_after(&new);
+        match bases.newest() {
+            Some(p) if self.fresh(p.timestamp, now) => {
+                bases.slide(new.timestamp, self.qualify);
+                (Series { last: new, bases }, false)
             }
             _ => (self.first(new), false),
         }
@@ -587,8 +686,8 @@ impl Limits {
         if !self.fresh(s.last.timestamp, now) {
             return None;
         }
-        let prev = s.prev?;
-        let (cpu, window) = cpu_rate(prev, &s.last)?;
+        let base = s.bases.oldest()?;
+        let (cpu, window) = cpu_rate(base, &s.last)?;
         Some(Rate {
             timestamp: s.last.timestamp,
             window,
@@ -706,10 +805,7 @@ impl<C: Clock> Store<C> {
         }
         let now = clock.now();
         Ok(Store {
-            limits: Limits {
-                expiry: duration_nanos(config.metric_expiry),
-                first_point_max_age: duration_nanos(config.first_point_max_age),
-            },
+            limits: Limits::new(&config),
             clock,
             nodes: ShardedMap::new(NODE_SHARDS),
             pods: ShardedMap::new(POD_SHARDS),
@@ -1566,6 +1662,7 @@ mod tests {
         let (s, clock) = store_with(StoreConfig {
             metric_expiry: Duration::from_secs(10),
             first_point_max_age: Duration::ZERO,
+            ..StoreConfig::new(Duration::from_secs(10))
         });
         feed(
             &s,
@@ -1940,6 +2037,180 @@ mod tests {
         assert_eq!(s.housekeep(), 0);
     }
 
+    /// A store serving `window`, expiry 10 s.
+    fn windowed(window: Duration) -> (TestStore, Arc<ManualClock>) {
+        store_with(StoreConfig {
+            window,
+            ..StoreConfig::new(Duration::from_secs(10))
+        })
+    }
+
+    #[test]
+    fn a_window_is_the_rate_from_the_newest_point_old_enough() {
+        // 4 s window, points every second; the container's usage changes every second
+        // (i × 0.1 core in second i), so a wrong base gives a wrong number.
+        let (s, clock) = windowed(Duration::from_secs(4));
+        let used = |i: u64| (1..=i).map(|k| k * S / 10).sum::<u64>();
+        let at = |i: u64| T0 + i * S;
+        for i in 0..=20u64 {
+            feed(
+                &s,
+                &clock,
+                "n1",
+                at(i),
+                vec![pod("p", vec![c(at(i), used(i))])],
+            );
+            let p = get(&s, "p");
+            if i == 0 {
+                assert_eq!(p, None, "one point gives no rate");
+                continue;
+            }
+            let p = p.expect("a rate from the second point on");
+            // Young: the whole series so far; then exactly 4 s.
+            let w = i.min(4);
+            assert_eq!(p.window, Duration::from_secs(w), "point {i}");
+            assert_eq!(p.timestamp, UnixNanos(at(i)));
+            assert_eq!(
+                cpu_of(&p, "c"),
+                NanoCores((used(i) - used(i - w)) / w),
+                "point {i}"
+            );
+        }
+        // The node's rate is windowed the same way (one core throughout).
+        let n = node(&s, "n1").expect("node");
+        assert_eq!((n.window, n.cpu), (Duration::from_secs(4), NanoCores(S)));
+    }
+
+    #[test]
+    fn tick_jitter_does_not_lengthen_the_window() {
+        // 1 s window, points 0.98–1.02 s apart: always the previous point, as with no
+        // window at all (a point counts as old enough from 15/16 of the window).
+        let (s, clock) = windowed(Duration::from_secs(1));
+        let mut t = T0;
+        let mut prev = None;
+        for i in 0..40u64 {
+            t += if i % 2 == 0 { 980 * MS } else { 1020 * MS };
+            feed(&s, &clock, "n1", t, vec![pod("p", vec![c(t, t - T0)])]);
+            if let Some(before) = prev {
+                let p = get(&s, "p").expect("rate");
+                assert_eq!(p.window, Duration::from_nanos(t - before), "point {i}");
+                assert_eq!(cpu_of(&p, "c"), NanoCores(S));
+            }
+            prev = Some(t);
+        }
+    }
+
+    #[test]
+    fn long_windows_stay_within_their_bound_with_fast_ticks() {
+        // 15 s window with 1 s and 100 ms ticks, a little jitter: the window is never
+        // shorter than 15/16 of 15 s once the series is old enough, never longer than
+        // 15 s + 15 s / WINDOW_STEPS + one tick, and the rate is exact.
+        for tick in [S, 100 * MS] {
+            let (s, clock) = windowed(Duration::from_secs(15));
+            let mut t = T0;
+            for i in 0..(60 * S / tick) {
+                t += tick + (i % 3) * MS;
+                // Half a core.
+                feed(
+                    &s,
+                    &clock,
+                    "n1",
+                    t,
+                    vec![pod("p", vec![c(t, (t - T0) / 2)])],
+                );
+                if i == 0 {
+                    continue;
+                }
+                let p = get(&s, "p").expect("rate");
+                let w = p.window.as_nanos() as u64;
+                if t - T0 >= 16 * S {
+                    assert!(w >= 15 * S - 15 * S / 16, "tick {tick}: window {w} at {i}");
+                }
+                assert!(
+                    w <= 15 * S + 15 * S / WINDOW_STEPS + tick + 3 * MS,
+                    "tick {tick}: window {w} at {i}"
+                );
+                let got = cpu_of(&p, "c").0;
+                assert!(got.abs_diff(S / 2) <= 1, "tick {tick}: {got} at {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn windowed_series_start_over_after_a_gap_a_restart_or_a_step_back() {
+        let (s, clock) = windowed(Duration::from_secs(5));
+        let at = |secs: u64| T0 + secs * S;
+        let send = |secs: u64, cpu: u64| {
+            feed(
+                &s,
+                &clock,
+                "n1",
+                at(secs),
+                vec![pod("p", vec![c(at(secs), cpu)])],
+            );
+        };
+        let window = |s: &TestStore| get(s, "p").map(|p| p.window.as_secs());
+        // Between 15/16 of 5 s and 5 s + 5 s / WINDOW_STEPS + one tick, in whole seconds.
+        let full = |w: Option<u64>| w.is_some_and(|w| (5..=7).contains(&w));
+        for i in 0..=8 {
+            send(i, i * S);
+        }
+        assert!(full(window(&s)), "{:?}", window(&s));
+        // A gap longer than the expiry: no rate over the gap, a fresh start.
+        send(20, 20 * S);
+        assert_eq!(window(&s), None);
+        send(21, 21 * S);
+        assert_eq!(window(&s), Some(1));
+        // A restart (the counter went back): the old points are never used.
+        send(22, S / 2);
+        assert_eq!(window(&s), None);
+        for i in 23..=30 {
+            send(i, S / 2 + (i - 22) * S / 4);
+        }
+        assert!(full(window(&s)), "{:?}", window(&s));
+        assert_eq!(
+            get(&s, "p").map(|p| cpu_of(&p, "c")),
+            Some(NanoCores(S / 4))
+        );
+        // A point back in time keeps the older points and serves from them (over a
+        // shorter window while the window slides past the step).
+        send(27, S / 2 + 5 * S / 4);
+        let p = get(&s, "p").expect("rate from the points before 27 s");
+        assert_eq!(p.timestamp, UnixNanos(at(27)));
+        assert!(p.window >= Duration::from_secs(1), "{:?}", p.window);
+        assert_eq!(cpu_of(&p, "c"), NanoCores(S / 4));
+    }
+
+    #[test]
+    fn a_new_container_is_served_over_its_life_until_the_window_is_full() {
+        // Started 2 s before its first point, within first_point_max_age: served at once
+        // over 2 s, then over its whole life until the window (6 s) is reached; after
+        // that between 15/16 of it and 6 s + 6 s / WINDOW_STEPS + one tick.
+        let (s, clock) = windowed(Duration::from_secs(6));
+        let start = T0;
+        for i in 2..=12u64 {
+            let t = T0 + i * S;
+            feed(
+                &s,
+                &clock,
+                "n1",
+                t,
+                vec![pod("p", vec![started(c(t, i * S / 2), start)])],
+            );
+            let p = get(&s, "p").expect("served from the first point");
+            if i <= 6 {
+                assert_eq!(p.window, Duration::from_secs(i), "point {i}");
+            } else {
+                let w = p.window.as_nanos() as u64;
+                assert!(
+                    (6 * S - 6 * S / 16..=8 * S + S / 2).contains(&w),
+                    "point {i}: {w}"
+                );
+            }
+            assert_eq!(cpu_of(&p, "c"), NanoCores(S / 2));
+        }
+    }
+
     /// What an agent sends around a step of its node's wall clock (`kpulse_agent::clock`):
     /// timestamps advance with the boot clock, and at the step every timestamp, every
     /// container's `started_at` and the node's boot instant move by the step. Whatever the
@@ -2034,6 +2305,7 @@ mod tests {
         let (s, clock) = store_with(StoreConfig {
             metric_expiry: Duration::MAX,
             first_point_max_age: Duration::MAX,
+            ..StoreConfig::new(Duration::MAX)
         });
         let max = u64::MAX;
         let since_epoch = started(named("c", max, max, max), 0);

@@ -822,6 +822,50 @@ fn bad_flags_exit_with_usage_code_and_sigterm_drains() {
         assert!(Instant::now() < deadline, "no exit within 10 s of SIGTERM");
         std::thread::sleep(Duration::from_millis(50));
     }
+
+    // With --shutdown-delay-duration the port stays open and answers after SIGTERM, with
+    // /readyz failing on `shutdown` (kube-apiserver still routes here for a moment), and
+    // the server exits after the delay.
+    let mut s = start("term-delay", &["--shutdown-delay-duration", "3s"]);
+    let (code, _, body) = https_get(s.port, "/readyz/shutdown", None);
+    assert_eq!(code, 200, "before SIGTERM: {body}");
+    let signalled = Instant::now();
+    // SAFETY: kill(2) on the child this test started.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc_kill(s.child.id() as i32, 15) };
+    assert_eq!(rc, 0);
+    let mut answered = 0;
+    let mut unready = 0;
+    loop {
+        if let Some(status) = s.child.try_wait().expect("wait") {
+            assert!(status.success(), "exit after SIGTERM: {status}");
+            break;
+        }
+        if signalled.elapsed() < Duration::from_millis(2500) {
+            // Well inside the delay: every request is answered.
+            let (code, _, body) = https_get(s.port, "/readyz?verbose", None);
+            assert_eq!(code, 500, "readyz during the delay: {body}");
+            assert!(
+                body.contains("[-]shutdown failed: reason withheld"),
+                "{body}"
+            );
+            let (code, _, body) = https_get(s.port, "/livez", None);
+            assert_eq!(code, 200, "livez during the delay: {body}");
+            answered += 1;
+            unready += 1;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(13),
+            "no exit within 10 s after the delay"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = signalled.elapsed();
+    assert!(
+        took >= Duration::from_secs(3),
+        "exited {took:?} after SIGTERM, before the 3 s delay"
+    );
+    assert!(answered >= 5 && unready == answered, "{answered} answers");
 }
 
 extern "C" {

@@ -28,7 +28,7 @@ use crate::cluster::images;
 
 const POLL: Duration = Duration::from_millis(250);
 
-fn manifest(load: &std::path::Path) -> String {
+pub(super) fn manifest(load: &std::path::Path) -> String {
     format!(
         r#"{{"apiVersion":"v1","kind":"List","items":[
 {{"apiVersion":"apps/v1","kind":"Deployment",
@@ -52,7 +52,7 @@ fn manifest(load: &std::path::Path) -> String {
 }
 
 /// Points `v1beta1.metrics.k8s.io` at a source; returns what to patch back.
-fn point_apiservice(bench: &Bench, source: Source, original: &Value) -> Result<()> {
+pub(super) fn point_apiservice(bench: &Bench, source: Source, original: &Value) -> Result<()> {
     let patch = match source {
         Source::MetricsServer => r#"{"spec":{"service":{"name":"metrics-server","namespace":"kube-system","port":443},"caBundle":null,"insecureSkipTLSVerify":true}}"#.to_string(),
         Source::Kpulse => serde_json::json!({"spec": {
@@ -105,16 +105,16 @@ fn hpa(bench: &Bench) -> Result<Value> {
 
 /// What one trial saw.
 #[derive(Clone, Copy, Debug)]
-struct Trial {
+pub(super) struct Trial {
     /// Seconds from load on to `desiredReplicas > 1`.
-    up: f64,
+    pub up: f64,
     /// That `desiredReplicas`.
-    replicas: i64,
+    pub replicas: i64,
     /// Seconds from load off to `desiredReplicas = 1`.
-    down: f64,
+    pub down: f64,
 }
 
-fn trial(bench: &Bench, flag: &std::path::Path, sync: Duration) -> Result<Trial> {
+pub(super) fn trial(bench: &Bench, flag: &std::path::Path, sync: Duration) -> Result<Trial> {
     // Idle, one replica, a utilisation read from the source in place.
     let t = Instant::now();
     loop {

@@ -17,6 +17,8 @@
 //!   scrapes against kpulse's data age, before, during and after.
 //! - `hpa` ([`hpa`]): the same Deployment and CPU HPA driven by each system in turn: load
 //!   step → first scale-up, load stop → scale-down.
+//! - `window` ([`window`]): kpulse at each `--metric-window` and metrics-server: the HPA's
+//!   first scale-up after a load step, and its replica flapping on a bursty workload.
 //!
 //! The report (markdown) goes to stdout and to `--out`.
 
@@ -25,6 +27,7 @@ mod cost;
 mod freshness;
 mod hpa;
 mod truth;
+mod window;
 
 use std::{
     fmt::Write as _,
@@ -48,6 +51,7 @@ pub enum Part {
     Cost,
     Load,
     Hpa,
+    Window,
 }
 
 /// `cargo xtask bench-vs-metrics-server` flags.
@@ -78,6 +82,12 @@ pub struct Options {
     /// The controller-manager's HPA sync periods to try (15s is its default).
     #[arg(long, value_delimiter = ',', default_value = "15s,1s", value_parser = humantime::parse_duration)]
     hpa_sync_periods: Vec<Duration>,
+    /// kpulse's `--metric-window`s the window part tries.
+    #[arg(long, value_delimiter = ',', default_value = "1s,5s,15s", value_parser = humantime::parse_duration)]
+    windows: Vec<Duration>,
+    /// How long the window part runs its bursty workload for each setting.
+    #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
+    bursty_phase: Duration,
     /// Where the markdown report goes.
     #[arg(long, default_value = "target/bench-vs-metrics-server.md")]
     out: PathBuf,
@@ -262,7 +272,13 @@ pub fn run(opts: &Options) -> Result<()> {
         out: opts.out.clone(),
     };
     let parts = if opts.only.is_empty() {
-        vec![Part::Freshness, Part::Cost, Part::Load, Part::Hpa]
+        vec![
+            Part::Freshness,
+            Part::Cost,
+            Part::Load,
+            Part::Hpa,
+            Part::Window,
+        ]
     } else {
         opts.only.clone()
     };
@@ -286,6 +302,12 @@ pub fn run(opts: &Options) -> Result<()> {
                 Part::Cost => cost::run(&mut bench, opts.cost_pods, opts.phase, opts.cost_rounds)?,
                 Part::Load => cost::under_load(&mut bench, &runtime, 2 * opts.phase)?,
                 Part::Hpa => hpa::run(&mut bench, opts.hpa_trials, &opts.hpa_sync_periods)?,
+                Part::Window => window::run(
+                    &mut bench,
+                    opts.hpa_trials,
+                    &opts.windows,
+                    opts.bursty_phase,
+                )?,
             }
             reset_namespace(&bench)?;
         }

@@ -7,7 +7,8 @@
 //!
 //! - **Two points, rates at read.** For the node and for every container the store keeps the
 //!   last point (timestamp, cumulative CPU, working set, instance identity) and the CPU and
-//!   timestamp of the point before it. A read computes
+//!   timestamp of the point before it (of an earlier point with a served window longer
+//!   than one interval, see "Served window"). A read computes
 //!   `cpu = Δcpu_ns × 10⁹ / Δt_ns` nanocores in integers (`u128`, saturating to `u64`), with
 //!   `window = Δt` and `timestamp = last.timestamp`; memory is the last working set. There
 //!   is no float anywhere.
@@ -51,6 +52,22 @@
 //! 10 s and one resolution, because kubelet's start time is the runtime's start, not the
 //! counter's zero, and its stats may lag; ours is the counter's zero and our timestamp is the
 //! read time, so a short window is exact, and the served window says how short it is.
+//!
+//! # Served window
+//!
+//! [`StoreConfig::window`] (`--metric-window`) sets how long a span CPU rates are
+//! served over. With a window `W`, a series keeps, besides its last point, the point its
+//! rate starts from and up to [`WINDOW_STEPS`] younger points spaced at least
+//! `W / WINDOW_STEPS` apart (a fixed array, no allocation). The rate is taken from the
+//! newest kept point that is at least `W − W/16` older than the last point (the 1/16
+//! absorbs the agents' tick jitter, so a 1 s window over 1 s ticks is one interval, not
+//! two), so the window is between `15/16 W` and `W + W/4` plus one agent interval, is
+//! stated exactly in `window`, and is still refreshed with every point. A series younger
+//! than `W` is served over all of its life so far (from its start time when known, else
+//! from its first point), a shorter window that says so. `W = 0` is the previous point, as
+//! metrics-server. Gaps, restarts and points back in time drop kept points exactly as
+//! they drop the previous point above. No value is interpolated: every rate is the
+//! difference of two counter readings.
 //!
 //! # Expiry
 //!

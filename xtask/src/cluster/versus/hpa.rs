@@ -28,21 +28,32 @@ use crate::cluster::images;
 
 const POLL: Duration = Duration::from_millis(250);
 
+/// `web`'s loop: spin while the flag file exists, else sleep.
+const WEB_SCRIPT: &str = "trap 'exit 0' TERM; while :; do if [ -e /v/on ]; then i=0; while [ $i -lt 5000 ]; do i=$((i+1)); done; else sleep 0.1; fi; done";
+
 pub(super) fn manifest(load: &std::path::Path) -> String {
+    workload("web", WEB_SCRIPT, load)
+}
+
+/// A Deployment `name` (request 100m, limit 200m) running `script` in busybox with `load`
+/// mounted at `/v`, and its `autoscaling/v2` HPA: CPU utilisation 50 %, 1–4 replicas,
+/// default scale-up, scale-down stabilisation 30 s.
+pub(super) fn workload(name: &str, script: &str, load: &std::path::Path) -> String {
+    let command = serde_json::json!(["/bin/sh", "-c", script]);
     format!(
         r#"{{"apiVersion":"v1","kind":"List","items":[
 {{"apiVersion":"apps/v1","kind":"Deployment",
-"metadata":{{"name":"web","namespace":"{NAMESPACE}"}},
-"spec":{{"replicas":1,"selector":{{"matchLabels":{{"app":"web"}}}},
-"template":{{"metadata":{{"labels":{{"app":"web","kpulse.dev/bench":"versus"}}}},
+"metadata":{{"name":"{name}","namespace":"{NAMESPACE}"}},
+"spec":{{"replicas":1,"selector":{{"matchLabels":{{"app":"{name}"}}}},
+"template":{{"metadata":{{"labels":{{"app":"{name}","kpulse.dev/bench":"versus"}}}},
 "spec":{{"terminationGracePeriodSeconds":1,"containers":[{{"name":"main","image":"{image}","imagePullPolicy":"Never",
-"command":["/bin/sh","-c","trap 'exit 0' TERM; while :; do if [ -e /v/on ]; then i=0; while [ $i -lt 5000 ]; do i=$((i+1)); done; else sleep 0.1; fi; done"],
+"command":{command},
 "resources":{{"requests":{{"cpu":"100m","memory":"16Mi"}},"limits":{{"cpu":"200m","memory":"32Mi"}}}},
 "volumeMounts":[{{"name":"v","mountPath":"/v","readOnly":true}}]}}],
 "volumes":[{{"name":"v","hostPath":{{"path":"{load}","type":"Directory"}}}}]}}}}}}}},
 {{"apiVersion":"autoscaling/v2","kind":"HorizontalPodAutoscaler",
-"metadata":{{"name":"web","namespace":"{NAMESPACE}"}},
-"spec":{{"scaleTargetRef":{{"apiVersion":"apps/v1","kind":"Deployment","name":"web"}},
+"metadata":{{"name":"{name}","namespace":"{NAMESPACE}"}},
+"spec":{{"scaleTargetRef":{{"apiVersion":"apps/v1","kind":"Deployment","name":"{name}"}},
 "minReplicas":1,"maxReplicas":4,
 "metrics":[{{"type":"Resource","resource":{{"name":"cpu","target":{{"type":"Utilization","averageUtilization":50}}}}}}],
 "behavior":{{"scaleDown":{{"stabilizationWindowSeconds":30}}}}}}}}]}}"#,
@@ -103,6 +114,32 @@ fn hpa(bench: &Bench) -> Result<Value> {
     bench.json(&["get", "hpa", "web", "-n", NAMESPACE])
 }
 
+/// Waits until the HPA `name` has settled at one ready replica with a utilisation below
+/// its 50 % target read from the source in place.
+pub(super) fn settle(bench: &Bench, name: &str) -> Result<()> {
+    let t = Instant::now();
+    loop {
+        let v = bench.json(&["get", "hpa", name, "-n", NAMESPACE])?;
+        let d = bench.json(&["get", "deployment", name, "-n", NAMESPACE])?;
+        let idle = v["status"]["currentMetrics"][0]["resource"]["current"]["averageUtilization"]
+            .as_i64()
+            .is_some_and(|u| u < 50);
+        if idle
+            && v["status"]["desiredReplicas"].as_i64() == Some(1)
+            && d["status"]["replicas"].as_i64() == Some(1)
+            && d["status"]["readyReplicas"].as_i64() == Some(1)
+        {
+            return Ok(());
+        }
+        ensure!(
+            t.elapsed() < Duration::from_secs(300),
+            "{name}: the HPA did not settle idle at 1 replica in 300 s: {}",
+            v["status"]
+        );
+        thread::sleep(Duration::from_secs(1));
+    }
+}
+
 /// What one trial saw.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Trial {
@@ -116,27 +153,7 @@ pub(super) struct Trial {
 
 pub(super) fn trial(bench: &Bench, flag: &std::path::Path, sync: Duration) -> Result<Trial> {
     // Idle, one replica, a utilisation read from the source in place.
-    let t = Instant::now();
-    loop {
-        let v = hpa(bench)?;
-        let d = bench.json(&["get", "deployment", "web", "-n", NAMESPACE])?;
-        let idle = v["status"]["currentMetrics"][0]["resource"]["current"]["averageUtilization"]
-            .as_i64()
-            .is_some_and(|u| u < 50);
-        if idle
-            && v["status"]["desiredReplicas"].as_i64() == Some(1)
-            && d["status"]["replicas"].as_i64() == Some(1)
-            && d["status"]["readyReplicas"].as_i64() == Some(1)
-        {
-            break;
-        }
-        ensure!(
-            t.elapsed() < Duration::from_secs(300),
-            "the HPA did not settle idle at 1 replica in 300 s: {}",
-            v["status"]
-        );
-        thread::sleep(Duration::from_secs(1));
-    }
+    settle(bench, "web")?;
     // A random point of the controller's cycle.
     thread::sleep(super::freshness::jitter(sync));
     fs::write(flag, b"")?;

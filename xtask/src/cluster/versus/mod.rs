@@ -88,6 +88,9 @@ pub struct Options {
     /// How long the window part runs its bursty workload for each setting.
     #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
     bursty_phase: Duration,
+    /// Bursty phases per setting in the window part (interleaved across settings).
+    #[arg(long, default_value_t = 1)]
+    bursty_rounds: usize,
     /// Where the markdown report goes.
     #[arg(long, default_value = "target/bench-vs-metrics-server.md")]
     out: PathBuf,
@@ -307,6 +310,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     opts.hpa_trials,
                     &opts.windows,
                     opts.bursty_phase,
+                    opts.bursty_rounds,
                 )?,
             }
             reset_namespace(&bench)?;

@@ -27,32 +27,12 @@ use std::{
 use anyhow::{ensure, Context, Result};
 
 use super::{api::Source, hpa, percentile, Bench, NAMESPACE};
-use crate::cluster::images;
 
 const WINDOW_ENV: &str = "KPULSE_METRIC_WINDOW";
 
-fn bursty_manifest(load: &std::path::Path) -> String {
-    format!(
-        r#"{{"apiVersion":"v1","kind":"List","items":[
-{{"apiVersion":"apps/v1","kind":"Deployment",
-"metadata":{{"name":"bursty","namespace":"{NAMESPACE}"}},
-"spec":{{"replicas":1,"selector":{{"matchLabels":{{"app":"bursty"}}}},
-"template":{{"metadata":{{"labels":{{"app":"bursty","kpulse.dev/bench":"versus"}}}},
-"spec":{{"terminationGracePeriodSeconds":1,"containers":[{{"name":"main","image":"{image}","imagePullPolicy":"Never",
-"command":["/bin/sh","-c","trap 'exit 0' TERM; while :; do if [ -e /v/on ] && [ $((RANDOM % 6)) -eq 0 ]; then sleep 1 & p=$!; while kill -0 $p 2>/dev/null; do :; done; wait $p; else sleep 1; fi; done"],
-"resources":{{"requests":{{"cpu":"100m","memory":"16Mi"}},"limits":{{"cpu":"200m","memory":"32Mi"}}}},
-"volumeMounts":[{{"name":"v","mountPath":"/v","readOnly":true}}]}}],
-"volumes":[{{"name":"v","hostPath":{{"path":"{load}","type":"Directory"}}}}]}}}}}}}},
-{{"apiVersion":"autoscaling/v2","kind":"HorizontalPodAutoscaler",
-"metadata":{{"name":"bursty","namespace":"{NAMESPACE}"}},
-"spec":{{"scaleTargetRef":{{"apiVersion":"apps/v1","kind":"Deployment","name":"bursty"}},
-"minReplicas":1,"maxReplicas":4,
-"metrics":[{{"type":"Resource","resource":{{"name":"cpu","target":{{"type":"Utilization","averageUtilization":50}}}}}}],
-"behavior":{{"scaleDown":{{"stabilizationWindowSeconds":30}}}}}}}}]}}"#,
-        image = images::BUSYBOX_IMAGE,
-        load = load.display()
-    )
-}
+/// Each second: spin for one second (`sleep 1` in the background, spinning until it ends)
+/// with probability 1/6 while the flag file exists, else sleep.
+const BURSTY_SCRIPT: &str = "trap 'exit 0' TERM; while :; do if [ -e /v/on ] && [ $((RANDOM % 6)) -eq 0 ]; then sleep 1 & p=$!; while kill -0 $p 2>/dev/null; do :; done; wait $p; else sleep 1; fi; done";
 
 /// One configuration under test.
 #[derive(Clone, Copy, Debug)]
@@ -71,18 +51,33 @@ impl Setting {
     }
 }
 
-/// What one bursty phase saw.
+/// What one or more bursty phases saw.
 #[derive(Debug, Default)]
 struct Flapping {
     rescales: usize,
     max_replicas: i64,
-    /// ∫ (replicas − 1) dt over the phase, in seconds.
+    /// ∫ (replicas − 1) dt over the phases, in seconds.
     extra_replica_seconds: f64,
     /// The utilisation the HPA reported, sampled every second (%).
     seen: Vec<f64>,
-    /// The first pod's true mean over the phase, in % of its request.
-    true_mean: Option<f64>,
+    /// The first pod's true mean over each phase, in % of its request.
+    true_means: Vec<f64>,
+    /// Total time of the phases.
     phase: Duration,
+    /// Rescales of each phase.
+    per_phase: Vec<usize>,
+}
+
+impl Flapping {
+    fn add(&mut self, other: Flapping) {
+        self.rescales += other.rescales;
+        self.max_replicas = self.max_replicas.max(other.max_replicas);
+        self.extra_replica_seconds += other.extra_replica_seconds;
+        self.seen.extend(other.seen);
+        self.true_means.extend(other.true_means);
+        self.phase += other.phase;
+        self.per_phase.push(other.rescales);
+    }
 }
 
 /// Sets kpulse's window on the aggregator-api (`None`: its default) and waits for the
@@ -116,37 +111,17 @@ fn set_window(bench: &Bench, window: Option<Duration>) -> Result<()> {
     Ok(())
 }
 
-/// Waits until the HPA named `name` has settled at one replica with a utilisation read.
-fn settle(bench: &Bench, name: &str) -> Result<()> {
-    let t = Instant::now();
-    loop {
-        let v = bench.json(&["get", "hpa", name, "-n", NAMESPACE])?;
-        let d = bench.json(&["get", "deployment", name, "-n", NAMESPACE])?;
-        let read = v["status"]["currentMetrics"][0]["resource"]["current"]["averageUtilization"]
-            .as_i64()
-            .is_some();
-        if read
-            && v["status"]["desiredReplicas"].as_i64() == Some(1)
-            && d["status"]["replicas"].as_i64() == Some(1)
-            && d["status"]["readyReplicas"].as_i64() == Some(1)
-        {
-            return Ok(());
-        }
-        ensure!(
-            t.elapsed() < Duration::from_secs(300),
-            "{name}: the HPA did not settle at 1 replica in 300 s: {}",
-            v["status"]
-        );
-        thread::sleep(Duration::from_secs(1));
-    }
-}
-
 fn bursty_phase(bench: &Bench, flag: &std::path::Path, phase: Duration) -> Result<Flapping> {
-    settle(bench, "bursty")?;
+    hpa::settle(bench, "bursty")?;
     let pods = bench.json(&["get", "pods", "-n", NAMESPACE, "-l", "app=bursty"])?;
-    let first = pods["items"][0]["metadata"]["name"]
-        .as_str()
-        .context("no bursty pod")?
+    // The one running pod (a scaled-down one may still be terminating).
+    let first = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .and_then(|p| p["metadata"]["name"].as_str())
+        .context("no running bursty pod")?
         .to_string();
     let cgroup = bench.container_cgroup(NAMESPACE, &first)?;
     fs::write(flag, b"")?;
@@ -188,13 +163,23 @@ fn bursty_phase(bench: &Bench, flag: &std::path::Path, phase: Duration) -> Resul
     fs::remove_file(flag)?;
     result?;
     // The first pod's mean in % of its 100m request.
-    f.true_mean = cpu1
-        .ok()
-        .map(|c| c.saturating_sub(cpu0) as f64 / elapsed.as_nanos() as f64 / 0.1 * 100.0);
+    f.true_means.extend(
+        cpu1.ok()
+            .map(|c| c.saturating_sub(cpu0) as f64 / elapsed.as_nanos() as f64 / 0.1 * 100.0),
+    );
     Ok(f)
 }
 
-pub fn run(bench: &mut Bench, trials: usize, windows: &[Duration], phase: Duration) -> Result<()> {
+/// `rounds` bursty phases per setting, interleaved (every setting once, then again), so
+/// that a drift of the machine or of the random workload falls on all of them; the step
+/// trials run in the first round.
+pub fn run(
+    bench: &mut Bench,
+    trials: usize,
+    windows: &[Duration],
+    phase: Duration,
+    rounds: usize,
+) -> Result<()> {
     let web_dir = bench.dirs.run.join("versus-hpa");
     let bursty_dir = bench.dirs.run.join("versus-bursty");
     for d in [&web_dir, &bursty_dir] {
@@ -207,7 +192,10 @@ pub fn run(bench: &mut Bench, trials: usize, windows: &[Duration], phase: Durati
         "v1beta1.metrics.k8s.io does not point at kpulse"
     );
     bench.apply("hpa", &hpa::manifest(&web_dir))?;
-    bench.apply("bursty", &bursty_manifest(&bursty_dir))?;
+    bench.apply(
+        "bursty",
+        &hpa::workload("bursty", BURSTY_SCRIPT, &bursty_dir),
+    )?;
     bench.rollout("web", Duration::from_secs(120))?;
     bench.rollout("bursty", Duration::from_secs(120))?;
 
@@ -222,19 +210,24 @@ pub fn run(bench: &mut Bench, trials: usize, windows: &[Duration], phase: Durati
         source: Source::MetricsServer,
         window: None,
     });
-    let mut results: Vec<(Setting, Vec<hpa::Trial>, Flapping)> = Vec::new();
+    let mut results: Vec<(Setting, Vec<hpa::Trial>, Flapping)> = settings
+        .iter()
+        .map(|s| (*s, Vec::new(), Flapping::default()))
+        .collect();
     let mut failure = None;
-    for setting in &settings {
-        let r = (|| -> Result<(Vec<hpa::Trial>, Flapping)> {
-            if let Some(w) = setting.window {
-                set_window(bench, Some(w))?;
-            }
-            hpa::point_apiservice(bench, setting.source, &original)?;
-            let mut up = Vec::new();
-            for i in 0..trials {
-                let t = hpa::trial(bench, &web_dir.join("on"), hpa::DEFAULT_SYNC)
-                    .with_context(|| format!("{}: trial {}", setting.name(), i + 1))?;
-                println!(
+    'rounds: for round in 0..rounds.max(1) {
+        for (setting, kept_trials, kept) in &mut results {
+            let setting = &*setting;
+            let r = (|| -> Result<(Vec<hpa::Trial>, Flapping)> {
+                if let Some(w) = setting.window {
+                    set_window(bench, Some(w))?;
+                }
+                hpa::point_apiservice(bench, setting.source, &original)?;
+                let mut up = Vec::new();
+                for i in 0..if round == 0 { trials } else { 0 } {
+                    let t = hpa::trial(bench, &web_dir.join("on"), hpa::DEFAULT_SYNC)
+                        .with_context(|| format!("{}: trial {}", setting.name(), i + 1))?;
+                    println!(
                     "versus: window: {}: trial {}/{trials}: up after {:.1} s to {}, down after {:.1} s",
                     setting.name(),
                     i + 1,
@@ -242,31 +235,37 @@ pub fn run(bench: &mut Bench, trials: usize, windows: &[Duration], phase: Durati
                     t.replicas,
                     t.down
                 );
-                up.push(t);
-            }
-            let f = bursty_phase(bench, &bursty_dir.join("on"), phase)
-                .with_context(|| format!("{}: bursty phase", setting.name()))?;
-            println!(
-                "versus: window: {}: bursty for {:.0} s: {} rescales, up to {} replicas, {:.0} extra replica-seconds",
+                    up.push(t);
+                }
+                let f = bursty_phase(bench, &bursty_dir.join("on"), phase)
+                    .with_context(|| format!("{}: bursty phase", setting.name()))?;
+                println!(
+                "versus: window: {}: round {}: bursty for {:.0} s: {} rescales, up to {} replicas, {:.0} extra replica-seconds",
                 setting.name(),
+                round + 1,
                 phase.as_secs_f64(),
                 f.rescales,
                 f.max_replicas,
                 f.extra_replica_seconds
             );
-            Ok((up, f))
-        })();
-        for d in [&web_dir, &bursty_dir] {
-            let _ = fs::remove_file(d.join("on"));
-        }
-        match r {
-            Ok((up, f)) => results.push((*setting, up, f)),
-            Err(e) => {
-                failure = Some(e);
-                break;
+                Ok((up, f))
+            })();
+            for d in [&web_dir, &bursty_dir] {
+                let _ = fs::remove_file(d.join("on"));
+            }
+            match r {
+                Ok((up, f)) => {
+                    kept_trials.extend(up);
+                    kept.add(f);
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break 'rounds;
+                }
             }
         }
     }
+    results.retain(|(_, _, f)| !f.per_phase.is_empty());
     // Whatever happened: kpulse at its default window, metrics.k8s.io back on kpulse.
     set_window(bench, None).context("restoring the aggregator-api's window")?;
     hpa::point_apiservice(bench, Source::Kpulse, &original)
@@ -275,8 +274,8 @@ pub fn run(bench: &mut Bench, trials: usize, windows: &[Duration], phase: Durati
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "## The served window: HPA reaction and flapping ({trials} step trials, {:.0} s bursty \
-         phase each)\n\n\
+        "## The served window: HPA reaction and flapping ({trials} step trials, {rounds} × \
+         {:.0} s bursty phases each, interleaved)\n\n\
          Step trials as in \"The HPA on each source\" (controller-manager's default 15 s \
          sync). Bursty: each pod spins for 1 s at its 200m limit with probability 1/6 every \
          second (mean 33 % of its 100m request; target 50 %, so the right answer is 1 \
@@ -286,7 +285,7 @@ pub fn run(bench: &mut Bench, trials: usize, windows: &[Duration], phase: Durati
     );
     let _ = writeln!(
         out,
-        "| source | first scale-up p50 | max | every trial | bursty: rescales | max replicas | extra replicas (mean) | HPA-seen utilisation p50 / p95 / max | true mean (first pod) |\n|---|---|---|---|---|---|---|---|---|"
+        "| source | first scale-up p50 | max | every trial | bursty: rescales (per phase) | max replicas | extra replicas (mean) | HPA-seen utilisation p50 / p95 / max | true mean (first pod, per phase) |\n|---|---|---|---|---|---|---|---|---|"
     );
     for (setting, trials, f) in &mut results {
         let mut up: Vec<f64> = trials.iter().map(|t| t.up).collect();
@@ -297,18 +296,26 @@ pub fn run(bench: &mut Bench, trials: usize, windows: &[Duration], phase: Durati
             .join(", ");
         let _ = writeln!(
             out,
-            "| {} | {:.1} s | {:.1} s | {every} | {} | {} | {:.2} | {:.0} / {:.0} / {:.0} % | {} |",
+            "| {} | {:.1} s | {:.1} s | {every} | {} ({}) | {} | {:.2} | {:.0} / {:.0} / {:.0} % | {} |",
             setting.name(),
             percentile(&mut up, 0.5),
             percentile(&mut up, 1.0),
             f.rescales,
+            f.per_phase
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
             f.max_replicas,
             f.extra_replica_seconds / f.phase.as_secs_f64(),
             percentile(&mut f.seen, 0.5),
             percentile(&mut f.seen, 0.95),
             percentile(&mut f.seen, 1.0),
-            f.true_mean
-                .map_or_else(|| "?".to_string(), |m| format!("{m:.0} %")),
+            f.true_means
+                .iter()
+                .map(|m| format!("{m:.0} %"))
+                .collect::<Vec<_>>()
+                .join(", "),
         );
     }
     bench.section(&out);

@@ -23,7 +23,7 @@ use std::{
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
 
-use super::{api::Source, percentile, Bench, NAMESPACE};
+use super::{api::Source, joined, percentile, Bench, NAMESPACE};
 use crate::cluster::images;
 
 const POLL: Duration = Duration::from_millis(250);
@@ -300,16 +300,8 @@ pub fn run(bench: &mut Bench, trials: usize, syncs: &[Duration]) -> Result<()> {
     for (sync, source, v) in &results {
         let mut up: Vec<f64> = v.iter().map(|t| t.up).collect();
         let mut down: Vec<f64> = v.iter().map(|t| t.down).collect();
-        let every = v
-            .iter()
-            .map(|t| format!("{:.1}", t.up))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let replicas = v
-            .iter()
-            .map(|t| t.replicas.to_string())
-            .collect::<Vec<_>>()
-            .join(", ");
+        let every = joined(v, |t| format!("{:.1}", t.up));
+        let replicas = joined(v, |t| t.replicas.to_string());
         let _ =
             writeln!(
             out,

@@ -537,6 +537,11 @@ impl Drop for Poller {
     }
 }
 
+/// `items` formatted by `f`, comma-separated (a table cell listing every trial or phase).
+pub fn joined<T>(items: impl IntoIterator<Item = T>, f: impl Fn(T) -> String) -> String {
+    items.into_iter().map(f).collect::<Vec<_>>().join(", ")
+}
+
 /// Nearest-rank percentile of `v` (sorted in place); NaN when empty.
 pub fn percentile(v: &mut [f64], q: f64) -> f64 {
     if v.is_empty() {

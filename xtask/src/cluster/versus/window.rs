@@ -26,7 +26,7 @@ use std::{
 
 use anyhow::{ensure, Context, Result};
 
-use super::{api::Source, hpa, percentile, Bench, NAMESPACE};
+use super::{api::Source, hpa, joined, percentile, Bench, NAMESPACE};
 
 const WINDOW_ENV: &str = "KPULSE_METRIC_WINDOW";
 
@@ -289,11 +289,7 @@ pub fn run(
     );
     for (setting, trials, f) in &mut results {
         let mut up: Vec<f64> = trials.iter().map(|t| t.up).collect();
-        let every = trials
-            .iter()
-            .map(|t| format!("{:.1}", t.up))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let every = joined(trials.iter(), |t| format!("{:.1}", t.up));
         let _ = writeln!(
             out,
             "| {} | {:.1} s | {:.1} s | {every} | {} ({}) | {} | {:.2} | {:.0} / {:.0} / {:.0} % | {} |",
@@ -301,21 +297,13 @@ pub fn run(
             percentile(&mut up, 0.5),
             percentile(&mut up, 1.0),
             f.rescales,
-            f.per_phase
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
+            joined(&f.per_phase, ToString::to_string),
             f.max_replicas,
             f.extra_replica_seconds / f.phase.as_secs_f64(),
             percentile(&mut f.seen, 0.5),
             percentile(&mut f.seen, 0.95),
             percentile(&mut f.seen, 1.0),
-            f.true_means
-                .iter()
-                .map(|m| format!("{m:.0} %"))
-                .collect::<Vec<_>>()
-                .join(", "),
+            joined(&f.true_means, |m| format!("{m:.0} %")),
         );
     }
     bench.section(&out);

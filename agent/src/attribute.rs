@@ -37,12 +37,14 @@
 //!   leaves the source is gone: [`PodSet::changes_since`] reports it as removed.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::BTreeMap,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, SystemTime},
 };
 
+// Looked up for every cgroup of every tick: a fast hash (randomly seeded), not SipHash.
+use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kpulse_wire::{
@@ -644,18 +646,20 @@ async fn follow_file(
             _ = ticker.tick() => {}
             () = tx.closed() => return,
         }
-        let p = path.clone();
-        let Ok((now, read)) = tokio::task::spawn_blocking(move || {
-            let now = file_stamp(&p);
-            (now, (now.is_some()).then(|| PodIndex::read_file(&p)))
-        })
-        .await
-        else {
-            continue;
-        };
+        // A `stat` per poll, here (it does not block for long: no thread hand-off); the
+        // file is read and parsed on the blocking pool only when it changed (or the last
+        // read failed).
+        let now = file_stamp(&path);
         if now == stamp && last_error.is_none() {
             continue;
         }
+        let p = path.clone();
+        let Ok(read) =
+            tokio::task::spawn_blocking(move || now.is_some().then(|| PodIndex::read_file(&p)))
+                .await
+        else {
+            continue;
+        };
         match read {
             Some(Ok(mut index)) => {
                 stamp = now;
@@ -1191,6 +1195,34 @@ mod tests {
             .await
             .expect("re-read in time")
             .expect("alive");
+        // Only a changed stamp (inode, size, modification time) makes it read the file: the
+        // same bytes rewritten with its old time are not parsed again...
+        let before = std::fs::metadata(&path)
+            .expect("stat")
+            .modified()
+            .expect("mtime");
+        let renamed = pods(3).replace("\"p0\"", "\"q0\"");
+        std::fs::write(&path, &renamed).expect("write");
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(before))
+            .expect("set mtime");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(a.current().pods().iter().any(|p| p.name == "p0"));
+        // ...and are once the time moves.
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(before + Duration::from_secs(1)))
+            .expect("set mtime");
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            rx.wait_for(|i| i.pods().iter().any(|p| p.name == "q0")),
+        )
+        .await
+        .expect("re-read in time")
+        .expect("alive");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -2,7 +2,11 @@
 //! trait: [`EbpfCollector`] (the `iter/cgroup` program) and [`CgroupfsCollector`]
 //! (reading files), chosen by [`select`].
 
-use std::{collections::HashMap, os::unix::fs::MetadataExt, path::Path, sync::Arc};
+use std::{os::unix::fs::MetadataExt, path::Path, sync::Arc};
+
+// Keys are kernel-assigned cgroup ids and paths, looked up hundreds of times a tick: a fast
+// hash (randomly seeded), not the default SipHash.
+use foldhash::{HashMap, HashMapExt as _};
 
 use kpulse_common::{CgroupRecord, FLAG_MEMCG, FLAG_NAME_TRUNCATED, FLAG_READ_ERROR};
 
@@ -1042,13 +1046,15 @@ mod tests {
             memory: None,
         };
         // Last eBPF values (ns); cgroup 3 is gone afterwards.
-        let mut floors: HashMap<u64, u64> = [(1, 1_234_567), (2, 5_000_400), (3, 7)].into();
+        let mut floors: HashMap<u64, u64> = [(1, 1_234_567), (2, 5_000_400), (3, 7)]
+            .into_iter()
+            .collect();
         // cgroupfs: whole microseconds. 1 is idle, 2 ran on.
         let mut first = vec![sample(1, 1_234_000), sample(2, 5_002_000), sample(4, 9_000)];
         raise_to_floors(&mut floors, &mut first);
         let cpu: Vec<u64> = first.iter().map(|c| c.cpu.map_or(0, |v| v.0)).collect();
         assert_eq!(cpu, [1_234_567, 5_002_000, 9_000]);
-        assert_eq!(floors, [(1, 1_234_567)].into());
+        assert_eq!(floors, [(1, 1_234_567)].into_iter().collect());
         // Once cgroupfs passes the floor, it is forgotten.
         let mut later = vec![sample(1, 1_235_000)];
         raise_to_floors(&mut floors, &mut later);

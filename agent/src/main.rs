@@ -88,7 +88,11 @@ fn main_run(args: RunArgs) -> ExitCode {
         eprintln!("kpulse-agent: {e}");
         return ExitCode::from(EX_USAGE);
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
+    // One thread for everything asynchronous (a few streams, a watch, `/metrics`: idle
+    // most of the time); collections run on the blocking pool. A multi-threaded runtime
+    // costs more here than it gives: workers waking and stealing from each other for work
+    // that takes microseconds (see docs/benchmarks.md, the agent's own cost).
+    let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

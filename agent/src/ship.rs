@@ -390,7 +390,13 @@ impl ShipMetrics {
 #[derive(Clone, Debug)]
 struct Published {
     seq: u64,
+    /// When it was published: its Updates' `sent_at`.
+    sent_at: kpulse_wire::UnixNanos,
     tick: Arc<Tick>,
+    /// Its Update for a stream whose server already holds this tick's pod set (no upserts,
+    /// no removals), encoded once by the first stream that sends it and shared by the
+    /// others; `None` inside if encoding failed (each stream then reports the error).
+    unchanged: Arc<std::sync::OnceLock<Option<bytes::Bytes>>>,
     /// The tick published before this one: a new stream's Snapshot carries it, so that a
     /// (re)started server has two points at once.
     previous: Option<Arc<Tick>>,
@@ -442,7 +448,9 @@ impl Shipper {
         let previous = self.shared.latest.borrow().as_ref().map(|p| p.tick.clone());
         let p = Published {
             seq,
+            sent_at: kpulse_wire::UnixNanos::from_system_time(std::time::SystemTime::now()),
             tick: Arc::new(tick),
+            unchanged: Arc::default(),
             previous,
         };
         self.shared.latest.send_replace(Some(p.clone()));

@@ -30,10 +30,9 @@
 //! The server uses it only for windows of at least 250 ms, where a 10 ms uncertainty is
 //! under 4 % (see the aggregator store's first-interval rule).
 
-use std::{
-    collections::HashMap,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
+
+use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 
 use kpulse_wire::{stream::PodCounters, UnixNanos};
 
@@ -113,7 +112,7 @@ impl StartTimes {
             };
             self.known.insert(id, start);
         }
-        let mut live = std::collections::HashSet::new();
+        let mut live = HashSet::new();
         let boot = clock::boot();
         for c in counters.iter_mut().flat_map(|p| p.containers.iter_mut()) {
             c.started_at = c.cgroup_id.and_then(|id| {

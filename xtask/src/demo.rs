@@ -106,7 +106,8 @@ pub fn run(opts: &Options) -> Result<()> {
     println!("kubeconfig: {}", files.kubeconfig.display());
 
     let mut procs = Processes::default();
-    let cgroups = Cgroups::create(&detect_hierarchies()?)?;
+    let pods: Vec<String> = PODS.iter().map(|(pod, _, _)| (*pod).to_owned()).collect();
+    let cgroups = Cgroups::create(&detect_hierarchies()?, PARENT, &pods)?;
     start_workloads(&cgroups, &mut procs)?;
     write_pods_file(&dir.join("pods.json"))?;
 
@@ -291,18 +292,18 @@ pub(crate) fn stop_signal() -> Result<mpsc::Receiver<&'static str>> {
 }
 
 /// What [`write_pki`] wrote.
-struct PkiFiles {
-    ca: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-    agent_cert: PathBuf,
-    agent_key: PathBuf,
-    kubeconfig: PathBuf,
+pub(crate) struct PkiFiles {
+    pub(crate) ca: PathBuf,
+    pub(crate) server_cert: PathBuf,
+    pub(crate) server_key: PathBuf,
+    pub(crate) agent_cert: PathBuf,
+    pub(crate) agent_key: PathBuf,
+    pub(crate) kubeconfig: PathBuf,
 }
 
 /// A CA, the server's certificate (localhost, 127.0.0.1), the agent's (CN = node), the
 /// kubectl user's (`demo-admin` in `system:masters`) and a kubeconfig embedding the latter.
-fn write_pki(dir: &Path, node: &str, api_port: u16) -> Result<PkiFiles> {
+pub(crate) fn write_pki(dir: &Path, node: &str, api_port: u16) -> Result<PkiFiles> {
     let now = OffsetDateTime::now_utc();
     let (ca_pem, ca_key) = crate::certs::new_ca(now)?;
     let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key).context("using the new CA")?;
@@ -382,7 +383,7 @@ fn write_pods_file(path: &Path) -> Result<()> {
 
 /// The cgroup hierarchies to create the demo's cgroups in.
 #[derive(Debug, PartialEq, Eq)]
-enum Hierarchies {
+pub(crate) enum Hierarchies {
     /// Pure cgroup v2 with cpu and memory: one mount.
     Unified(PathBuf),
     /// The controller-less cgroup2 mount, and the v1 mounts carrying cpu, cpuacct and
@@ -390,7 +391,7 @@ enum Hierarchies {
     Hybrid { unified: PathBuf, v1: Vec<PathBuf> },
 }
 
-fn detect_hierarchies() -> Result<Hierarchies> {
+pub(crate) fn detect_hierarchies() -> Result<Hierarchies> {
     let text = fs::read_to_string("/proc/self/mountinfo").context("reading mountinfo")?;
     let h = hierarchies_from_mountinfo(&text)?;
     if let Hierarchies::Unified(mount) = &h {
@@ -454,23 +455,28 @@ fn hierarchies_from_mountinfo(text: &str) -> Result<Hierarchies> {
     }
 }
 
-/// The demo's cgroups in every hierarchy; [`Cgroups::remove`] (or drop) kills what runs in
-/// them and removes them, children first.
-struct Cgroups {
+/// Cgroups under one parent in every hierarchy; [`Cgroups::remove`] (or drop) kills what
+/// runs in them and removes them, children first.
+pub(crate) struct Cgroups {
     hierarchies: Hierarchies,
+    /// The parent, relative to each mount.
+    parent: String,
     /// Every directory created, parents first.
     dirs: Vec<PathBuf>,
 }
 
 impl Cgroups {
-    fn create(h: &Hierarchies) -> Result<Cgroups> {
+    /// `parent` and, under it, `children` (paths relative to it, parents before their
+    /// children: `a`, `a/b`), in every hierarchy of `h`; a tree left by a killed run is
+    /// removed first.
+    pub(crate) fn create(h: &Hierarchies, parent: &str, children: &[String]) -> Result<Cgroups> {
         let mounts: Vec<&PathBuf> = match h {
             Hierarchies::Unified(m) => vec![m],
             Hierarchies::Hybrid { unified, v1 } => v1.iter().chain([unified]).collect(),
         };
         // Left over by a run that was killed: clean it first.
         for m in &mounts {
-            remove_tree(&m.join(PARENT));
+            remove_tree(&m.join(parent));
         }
         let mut cg = Cgroups {
             hierarchies: match h {
@@ -480,21 +486,29 @@ impl Cgroups {
                     v1: v1.clone(),
                 },
             },
+            parent: parent.to_owned(),
             dirs: Vec::new(),
         };
         for m in &mounts {
-            let parent = m.join(PARENT);
+            let parent = m.join(parent);
             fs::create_dir(&parent).with_context(|| format!("mkdir {}", parent.display()))?;
             cg.dirs.push(parent.clone());
-            if matches!(h, Hierarchies::Unified(_)) {
+            let unified = matches!(h, Hierarchies::Unified(_));
+            if unified {
                 // The root must delegate cpu and memory for the parent to have them.
                 let _ = fs::write(m.join("cgroup.subtree_control"), "+cpu +memory");
-                let ctl = parent.join("cgroup.subtree_control");
-                fs::write(&ctl, "+cpu +memory")
-                    .with_context(|| format!("enabling cpu and memory in {}", ctl.display()))?;
             }
-            for (pod, _, _) in PODS {
-                let c = parent.join(pod);
+            for c in children {
+                let c = parent.join(c);
+                if unified {
+                    // Each directory delegates cpu and memory to the next one down.
+                    if let Some(up) = c.parent() {
+                        let ctl = up.join("cgroup.subtree_control");
+                        fs::write(&ctl, "+cpu +memory").with_context(|| {
+                            format!("enabling cpu and memory in {}", ctl.display())
+                        })?;
+                    }
+                }
                 fs::create_dir(&c).with_context(|| format!("mkdir {}", c.display()))?;
                 cg.dirs.push(c);
             }
@@ -502,11 +516,25 @@ impl Cgroups {
         Ok(cg)
     }
 
-    /// The cgroup of `pod` in every hierarchy.
-    fn of<'a>(&'a self, pod: &'a str) -> impl Iterator<Item = &'a PathBuf> + 'a {
-        self.dirs
+    /// The cgroup `child` (as given to [`Cgroups::create`]) in every hierarchy.
+    pub(crate) fn of(&self, child: &str) -> Vec<PathBuf> {
+        let mounts: Vec<&PathBuf> = match &self.hierarchies {
+            Hierarchies::Unified(m) => vec![m],
+            Hierarchies::Hybrid { unified, v1 } => v1.iter().chain([unified]).collect(),
+        };
+        mounts
+            .into_iter()
+            .map(|m| m.join(&self.parent).join(child))
+            .collect()
+    }
+
+    /// A shell prefix moving the shell into `child` in every hierarchy
+    /// (`echo $$ > …/cgroup.procs && …`).
+    pub(crate) fn join_shell(&self, child: &str) -> String {
+        self.of(child)
             .iter()
-            .filter(move |d| d.file_name().is_some_and(|n| n == pod))
+            .map(|d| format!("echo $$ > '{}' && ", d.join("cgroup.procs").display()))
+            .collect()
     }
 
     /// Limits `pod` to [`WEB_QUOTA_US`] per [`WEB_PERIOD_US`].
@@ -529,7 +557,7 @@ impl Cgroups {
     }
 
     /// Kills what runs in them and removes them; how many were removed.
-    fn remove(mut self) -> usize {
+    pub(crate) fn remove(mut self) -> usize {
         let removed = self.dirs.len();
         self.remove_all();
         removed
@@ -591,16 +619,10 @@ fn remove_tree(dir: &Path) {
 /// joining its cgroups before it starts (memory is charged where it is first touched).
 fn start_workloads(cgroups: &Cgroups, procs: &mut Processes) -> Result<()> {
     cgroups.limit_cpu("web")?;
-    let join = |pod: &str| -> String {
-        cgroups
-            .of(pod)
-            .map(|d| format!("echo $$ > '{}' && ", d.join("cgroup.procs").display()))
-            .collect()
-    };
-    let web = format!("{}while :; do :; done", join("web"));
+    let web = format!("{}while :; do :; done", cgroups.join_shell("web"));
     let cache = format!(
         "{}exec python3 -c 'import time; b = b\"x\" * ({CACHE_MIB} << 20); time.sleep(1 << 30)'",
-        join("cache")
+        cgroups.join_shell("cache")
     );
     for (name, script) in [("web", web), ("cache", cache)] {
         let mut cmd = Command::new("sh");
@@ -612,12 +634,12 @@ fn start_workloads(cgroups: &Cgroups, procs: &mut Processes) -> Result<()> {
 
 /// The processes the demo started; [`Processes::stop`] (or drop) ends them by PID.
 #[derive(Default)]
-struct Processes(Vec<(&'static str, PathBuf, Child)>);
+pub(crate) struct Processes(Vec<(&'static str, PathBuf, Child)>);
 
 impl Processes {
     /// Starts `cmd` in its own process group (a Ctrl-C is the demo's to handle), stdout
     /// and stderr to `log`.
-    fn spawn(&mut self, name: &'static str, mut cmd: Command, log: &Path) -> Result<()> {
+    pub(crate) fn spawn(&mut self, name: &'static str, mut cmd: Command, log: &Path) -> Result<()> {
         use std::os::unix::process::CommandExt as _;
         let out = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let child = cmd
@@ -634,7 +656,7 @@ impl Processes {
     }
 
     /// Fails naming a process that exited, and its log.
-    fn check_running(&mut self, dir: &Path) -> Result<()> {
+    pub(crate) fn check_running(&mut self, dir: &Path) -> Result<()> {
         for (name, log, child) in &mut self.0 {
             if let Some(status) = child.try_wait()? {
                 let log = if log.starts_with(dir) {
@@ -650,7 +672,7 @@ impl Processes {
 
     /// Last started first: SIGTERM (the agent and the server drain), SIGKILL after 3 s;
     /// how many.
-    fn stop(mut self) -> usize {
+    pub(crate) fn stop(mut self) -> usize {
         let n = self.0.len();
         self.stop_all();
         n

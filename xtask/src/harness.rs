@@ -653,6 +653,16 @@ pub fn scrape(port: u16, client: Option<&(PathBuf, PathBuf)>) -> Result<Metrics>
     Ok(parse_metrics(&text))
 }
 
+/// A plain-HTTP `/metrics` at `addr` (`host:port`), such as the agent's.
+pub fn scrape_http(addr: &str) -> Result<Metrics> {
+    let text = crate::exec::output(
+        Command::new("curl")
+            .args(["-sf", "--max-time", "10"])
+            .arg(format!("http://{addr}/metrics")),
+    )?;
+    Ok(parse_metrics(&text))
+}
+
 fn parse_metrics(text: &str) -> Metrics {
     text.lines()
         .filter(|l| !l.starts_with('#'))

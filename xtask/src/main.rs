@@ -2,6 +2,7 @@
 //! the tests (on this host and in qemu VMs), fuzzing, benchmarks, the TLS material of
 //! `deploy/`. Not shipped; not a library.
 
+mod bench_agent;
 mod bench_ingest;
 mod bench_restart;
 mod build_ebpf;
@@ -27,6 +28,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The agent's own CPU and memory on a node's worth of pods here; two builds side by side.
+    BenchAgent(bench_agent::Options),
     /// One aggregator-api replica ingesting simulated agents: CPU, RSS, latency, bytes.
     BenchIngest(bench_ingest::Options),
     /// kpulse beside metrics-server on the running cluster: freshness, accuracy, cost, load.
@@ -54,6 +57,7 @@ enum Command {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::BenchAgent(opts) => bench_agent::run(&opts),
         Command::BenchIngest(opts) => bench_ingest::run(&opts),
         Command::BenchRestart(opts) => bench_restart::run(&opts),
         Command::BenchVsMetricsServer(opts) => cluster::versus::run(&opts),

@@ -31,7 +31,7 @@ use super::{
     split_host_port, stopped, Credentials, ErrorLabels, Published, ReplicaLabel, Shared, Target,
     TargetAddr, Timeouts,
 };
-use crate::attribute::PodSet;
+use crate::attribute::{MetaChanges, PodSet};
 
 /// Frames buffered between a stream's task and its HTTP/2 request body. Small: the queue
 /// that matters, and drops the oldest, is the tick queue in front of it.
@@ -559,18 +559,27 @@ impl Stream<'_> {
         if p.seq <= self.last_seq {
             return Ok(());
         }
-        let changes = if Arc::ptr_eq(&p.tick.pods, &self.sent_pods) {
-            Default::default()
-        } else {
-            p.tick.pods.changes_since(&self.sent_pods)
+        let update = |changes: MetaChanges| {
+            AgentMessage::Update(Update {
+                sent_at: p.sent_at,
+                node: p.tick.node,
+                upserts: changes.upserts,
+                removed: changes.removed,
+                counters: p.tick.counters.clone(),
+            })
         };
-        let f = frame(&AgentMessage::Update(Update {
-            sent_at: now(),
-            node: p.tick.node,
-            upserts: changes.upserts,
-            removed: changes.removed,
-            counters: p.tick.counters.clone(),
-        }))?;
+        let f = if Arc::ptr_eq(&p.tick.pods, &self.sent_pods) {
+            // The usual case: the same bytes for every replica, encoded once.
+            let shared = p
+                .unchanged
+                .get_or_init(|| frame(&update(MetaChanges::default())).ok());
+            match shared {
+                Some(f) => f.clone(),
+                None => frame(&update(MetaChanges::default()))?,
+            }
+        } else {
+            frame(&update(p.tick.pods.changes_since(&self.sent_pods)))?
+        };
         let stall = self.shared.config.timeouts.stall;
         match tokio::time::timeout(stall, body.send(f)).await {
             Ok(Ok(())) => {}
@@ -853,6 +862,8 @@ mod drop_tests {
                 counters: vec![],
             }),
             previous: None,
+            sent_at: UnixNanos(seq),
+            unchanged: Arc::default(),
         }
     }
 
@@ -921,5 +932,56 @@ mod drop_tests {
         assert_eq!(u.node.cpu, CpuNanos(4));
         // Ticks 2 and 4 were written; the repeated 2 and the dropped 3 were not.
         assert_eq!(shared.config.metrics.sent("r1"), 2);
+    }
+
+    #[tokio::test]
+    async fn streams_holding_the_same_pods_share_one_encoded_update() {
+        let tls = tls::client_config(&tls::TlsOptions {
+            insecure_skip_verify: true,
+            ..Default::default()
+        })
+        .expect("tls");
+        let (ticks, _) = broadcast::channel(8);
+        let (latest, _) = watch::channel(None);
+        let shared = Shared {
+            config: ShipConfig::new(Replicas::Static(vec![]), tls),
+            hello: hello("n", "t"),
+            ticks,
+            latest,
+        };
+        let target = |label: &str| Target {
+            label: label.into(),
+            addr: TargetAddr::Name("x:1".into()),
+            authority: "x:1".into(),
+            server_name: rustls::pki_types::ServerName::try_from("x").expect("name"),
+        };
+        let (t1, t2, t3) = (target("r1"), target("r2"), target("r3"));
+        let old = Arc::new(PodSet::new([meta("a", "1")]));
+        let new = Arc::new(PodSet::new([meta("a", "1"), meta("b", "1")]));
+        let stream = |target, sent_pods: &Arc<PodSet>| Stream {
+            shared: &shared,
+            target,
+            welcomed_at: None,
+            sent_pods: sent_pods.clone(),
+            last_seq: 1,
+        };
+        // r1 and r2 already hold the tick's pods; r3 still holds the older set.
+        let (mut s1, mut s2, mut s3) = (stream(&t1, &new), stream(&t2, &new), stream(&t3, &old));
+        let p = published(2, &new);
+        let mut frames = Vec::new();
+        for s in [&mut s1, &mut s2, &mut s3] {
+            let (tx, mut rx) = mpsc::channel(1);
+            s.on_tick(Ok(p.clone()), &tx).await.expect("tick");
+            frames.push(rx.recv().await.expect("frame"));
+        }
+        // The same buffer, not just equal bytes: encoded once.
+        assert_eq!(frames[0].as_ptr(), frames[1].as_ptr());
+        assert_eq!(frames[0], frames[1]);
+        let (u1, u3) = (decode(frames[0].clone()), decode(frames[2].clone()));
+        assert!(u1.upserts.is_empty() && u1.removed.is_empty());
+        let up: Vec<&str> = u3.upserts.iter().map(|p| p.uid.as_str()).collect();
+        assert_eq!(up, ["b"], "the stream behind gets its own Update");
+        assert_eq!((u1.sent_at, u3.sent_at), (p.sent_at, p.sent_at));
+        assert_eq!(u1.node, u3.node);
     }
 }

@@ -63,8 +63,9 @@ use crate::{
 /// The annotation a mirror pod carries: the static pod's UID as kubelet names its cgroup.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
-/// How often `--pods-file` is checked for changes (a `stat`; new pods show up within this).
-pub const POD_FILE_POLL: Duration = Duration::from_millis(200);
+/// How often `--pods-file` is checked for changes (a `stat`; new pods show up within this,
+/// about one tick at the default resolution).
+pub const POD_FILE_POLL: Duration = Duration::from_secs(1);
 
 /// Largest accepted `--pods-file`.
 pub const MAX_POD_FILE_BYTES: u64 = 16 << 20;

@@ -40,6 +40,8 @@ pub struct KernelLayout {
     pub kn_name: u64,
     /// `struct cgroup` → `self.parent`.
     pub css_parent: u64,
+    /// `struct cgroup_subsys_state` → `cgroup`.
+    pub css_cgroup: u64,
     /// `struct cgroup` → `level`.
     pub cgroup_level: u64,
     /// `struct cgroup` → `bstat.cputime.sum_exec_runtime`.
@@ -149,6 +151,7 @@ impl KernelLayout {
             kn_id: k.member("kernfs_node", &["id"])?.0,
             kn_name: k.member("kernfs_node", &["name"])?.0,
             css_parent: k.member("cgroup", &["self", "parent"])?.0,
+            css_cgroup: k.member("cgroup_subsys_state", &["cgroup"])?.0,
             cgroup_level: k.member("cgroup", &["level"])?.0,
             cgroup_cpu: k
                 .member("cgroup", &["bstat", "cputime", "sum_exec_runtime"])?

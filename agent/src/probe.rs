@@ -224,6 +224,7 @@ fn loader_with_layout<'a>(loader: &mut EbpfLoader<'a>, l: &'a KernelLayout) {
         .override_global(globals::KN_ID, &l.kn_id, true)
         .override_global(globals::KN_NAME, &l.kn_name, true)
         .override_global(globals::CSS_PARENT, &l.css_parent, true)
+        .override_global(globals::CSS_CGROUP, &l.css_cgroup, true)
         .override_global(globals::CGROUP_LEVEL, &l.cgroup_level, true)
         .override_global(globals::CGROUP_CPU, &l.cgroup_cpu, true)
         .override_global(globals::CGROUP_MEMCG, &l.cgroup_memcg, true)

@@ -112,6 +112,8 @@ pub mod globals {
     pub const KN_NAME: &str = "OFF_KN_NAME";
     /// `offsetof(struct cgroup, self.parent)`.
     pub const CSS_PARENT: &str = "OFF_CSS_PARENT";
+    /// `offsetof(struct cgroup_subsys_state, cgroup)`.
+    pub const CSS_CGROUP: &str = "OFF_CSS_CGROUP";
     /// `offsetof(struct cgroup, level)`.
     pub const CGROUP_LEVEL: &str = "OFF_CGROUP_LEVEL";
     /// `offsetof(struct cgroup, bstat.cputime.sum_exec_runtime)`.

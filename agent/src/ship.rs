@@ -39,7 +39,8 @@
 //!   [`STREAM_PATH`](kpulse_wire::stream::STREAM_PATH) whose request body is fed from a small
 //!   bounded channel: [`Hello`], a [`Snapshot`](kpulse_wire::stream::Snapshot) of the latest
 //!   tick (the full state at connect time), then one [`Update`](kpulse_wire::stream::Update)
-//!   per tick. Response
+//!   per tick (encoded once per tick and shared by every stream whose server holds the
+//!   tick's pod set; a stream behind on pod changes encodes its own). Response
 //!   frames are read: `Welcome` is checked for the version, `Error` is logged.
 //! - **Identity**: the token file (`--token-file`, a projected ServiceAccount token) is
 //!   re-read on every connect, because kubelet rotates it, and sent as

@@ -272,15 +272,33 @@ fn scrape_cost(bench: &Bench, n: usize) -> Result<(f64, f64, f64)> {
     Ok((per(0), per(1), busy / n as f64))
 }
 
-pub fn run(bench: &mut Bench, pods: usize, phase: Duration, rounds: usize) -> Result<()> {
+/// The idle pods the cost part puts on the node.
+#[derive(Clone, Copy, Debug)]
+pub struct Filler {
+    /// Pods.
+    pub pods: usize,
+    /// Containers in each.
+    pub containers: usize,
+}
+
+pub fn run(bench: &mut Bench, filler: Filler, phase: Duration, rounds: usize) -> Result<()> {
+    let Filler { pods, containers } = filler;
+    anyhow::ensure!(containers > 0, "--cost-containers must be positive");
+    let container = |i: usize| {
+        format!(
+            r#"{{"name":"c{i}","image":"{image}","imagePullPolicy":"Never",
+"command":["/bin/sh","-c","trap 'exit 0' TERM; while :; do sleep 1; done"],
+"resources":{{"requests":{{"cpu":"1m","memory":"4Mi"}}}}}}"#,
+            image = crate::cluster::images::BUSYBOX_IMAGE
+        )
+    };
+    let list: Vec<String> = (0..containers).map(container).collect();
     let filler = format!(
         r#"{{"apiVersion":"apps/v1","kind":"Deployment","metadata":{{"name":"filler","namespace":"{NAMESPACE}"}},
 "spec":{{"replicas":{pods},"selector":{{"matchLabels":{{"app":"filler"}}}},
 "template":{{"metadata":{{"labels":{{"app":"filler","kpulse.dev/bench":"versus"}}}},
-"spec":{{"terminationGracePeriodSeconds":1,"containers":[{{"name":"main","image":"{image}","imagePullPolicy":"Never",
-"command":["/bin/sh","-c","trap 'exit 0' TERM; while :; do sleep 1; done"],
-"resources":{{"requests":{{"cpu":"1m","memory":"4Mi"}}}}}}]}}}}}}}}"#,
-        image = crate::cluster::images::BUSYBOX_IMAGE
+"spec":{{"terminationGracePeriodSeconds":1,"containers":[{}]}}}}}}}}"#,
+        list.join(",")
     );
     bench.apply("filler", &filler)?;
     let t = Instant::now();
@@ -343,7 +361,7 @@ pub fn run(bench: &mut Bench, pods: usize, phase: Duration, rounds: usize) -> Re
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "## Cost on a node with {on_node} running pods ({pods} idle filler pods)\n\n\
+        "## Cost on a node with {on_node} running pods ({pods} idle filler pods of {containers} container(s))\n\n\
          CPU in cores (cgroup counters over {} s phases; metrics-server off/on alternated {rounds} \
          times, kpulse measured in all of them), memory = working set at the phase's end (the kubelet's \
          and containerd's: the main process's RSS).\n",

@@ -70,6 +70,9 @@ pub struct Options {
     /// including the cluster's own).
     #[arg(long, default_value_t = 95)]
     cost_pods: usize,
+    /// Containers in each filler pod of the cost part (each an idle shell).
+    #[arg(long, default_value_t = 1)]
+    cost_containers: usize,
     /// Off/on rounds of metrics-server in the cost part.
     #[arg(long, default_value_t = 3)]
     cost_rounds: usize,
@@ -302,7 +305,15 @@ pub fn run(opts: &Options) -> Result<()> {
         for part in &parts {
             match part {
                 Part::Freshness => freshness::run(&mut bench, &runtime, opts.steps, opts.new_pods)?,
-                Part::Cost => cost::run(&mut bench, opts.cost_pods, opts.phase, opts.cost_rounds)?,
+                Part::Cost => cost::run(
+                    &mut bench,
+                    cost::Filler {
+                        pods: opts.cost_pods,
+                        containers: opts.cost_containers,
+                    },
+                    opts.phase,
+                    opts.cost_rounds,
+                )?,
                 Part::Load => cost::under_load(&mut bench, &runtime, 2 * opts.phase)?,
                 Part::Hpa => hpa::run(&mut bench, opts.hpa_trials, &opts.hpa_sync_periods)?,
                 Part::Window => window::run(

@@ -282,6 +282,23 @@ pub fn run(opts: &Options) -> Result<()> {
         .to_vec()
     };
 
+    // A fresh agent in its own cgroup, once every replica lists every pod and `--warmup`
+    // has passed; with the address of its `/metrics`.
+    let start_agent = |bin: &Path, collector: &str, log: &Path| -> Result<(Proc, String)> {
+        let metrics = format!("127.0.0.1:{}", crate::exec::free_port()?);
+        let mut agent = Proc::spawn(
+            "the agent",
+            bin,
+            &agent_args(collector, &metrics),
+            false,
+            log,
+            None,
+        )?;
+        own.adopt(agent.pid())?;
+        lister.wait_complete(&mut agent, &stop)?;
+        stop.sleep(opts.warmup)?;
+        Ok((agent, metrics))
+    };
     let mut results: Vec<(String, String, Vec<Measured>)> = Vec::new();
     for (label, _) in &builds {
         for c in &opts.collectors {
@@ -296,19 +313,8 @@ pub fn run(opts: &Options) -> Result<()> {
                 for s in &mut servers {
                     s.check_running()?;
                 }
-                let metrics = format!("127.0.0.1:{}", crate::exec::free_port()?);
                 let log = dir.join(format!("agent-{round}-{slot}.log"));
-                let mut agent = Proc::spawn(
-                    "the agent",
-                    bin,
-                    &agent_args(collector, &metrics),
-                    false,
-                    &log,
-                    None,
-                )?;
-                own.adopt(agent.pid())?;
-                lister.wait_complete(&mut agent, &stop)?;
-                stop.sleep(opts.warmup)?;
+                let (mut agent, metrics) = start_agent(bin, collector, &log)?;
                 let m = measure(&own, &mut agent, &metrics, opts.phase, &stop)?;
                 lister.check_complete().with_context(|| {
                     format!(
@@ -345,18 +351,8 @@ pub fn run(opts: &Options) -> Result<()> {
         for (label, bin) in &builds {
             for collector in &opts.collectors {
                 let name = format!("{}-{collector}", label.replace(' ', "-"));
-                let metrics = format!("127.0.0.1:{}", crate::exec::free_port()?);
                 let log = dir.join(format!("agent-perf-{name}.log"));
-                let mut agent = Proc::spawn(
-                    "the agent",
-                    bin,
-                    &agent_args(collector, &metrics),
-                    false,
-                    &log,
-                    None,
-                )?;
-                lister.wait_complete(&mut agent, &stop)?;
-                stop.sleep(opts.warmup)?;
+                let (mut agent, _) = start_agent(bin, collector, &log)?;
                 let data = out.join(format!("{name}.perf.data"));
                 crate::exec::run(
                     Command::new("perf")

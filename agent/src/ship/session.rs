@@ -876,28 +876,36 @@ mod drop_tests {
         }
     }
 
-    #[tokio::test]
-    async fn dropped_ticks_lose_no_metadata() {
+    /// A shipper's shared state with no replicas (streams are driven by hand).
+    fn shared() -> Shared {
         let tls = tls::client_config(&tls::TlsOptions {
             insecure_skip_verify: true,
             ..Default::default()
         })
         .expect("tls");
-        let config = ShipConfig::new(Replicas::Static(vec![]), tls);
         let (ticks, _) = broadcast::channel(8);
         let (latest, _) = watch::channel(None);
-        let shared = Shared {
-            config,
+        Shared {
+            config: ShipConfig::new(Replicas::Static(vec![]), tls),
             hello: hello("n", "t"),
             ticks,
             latest,
-        };
-        let target = Target {
-            label: "r1".into(),
+        }
+    }
+
+    fn target(label: &str) -> Target {
+        Target {
+            label: label.into(),
             addr: TargetAddr::Name("x:1".into()),
             authority: "x:1".into(),
             server_name: rustls::pki_types::ServerName::try_from("x").expect("name"),
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn dropped_ticks_lose_no_metadata() {
+        let shared = shared();
+        let target = target("r1");
         let a = Arc::new(PodSet::new([meta("a", "1"), meta("b", "1")]));
         let mut s = Stream {
             shared: &shared,
@@ -936,25 +944,7 @@ mod drop_tests {
 
     #[tokio::test]
     async fn streams_holding_the_same_pods_share_one_encoded_update() {
-        let tls = tls::client_config(&tls::TlsOptions {
-            insecure_skip_verify: true,
-            ..Default::default()
-        })
-        .expect("tls");
-        let (ticks, _) = broadcast::channel(8);
-        let (latest, _) = watch::channel(None);
-        let shared = Shared {
-            config: ShipConfig::new(Replicas::Static(vec![]), tls),
-            hello: hello("n", "t"),
-            ticks,
-            latest,
-        };
-        let target = |label: &str| Target {
-            label: label.into(),
-            addr: TargetAddr::Name("x:1".into()),
-            authority: "x:1".into(),
-            server_name: rustls::pki_types::ServerName::try_from("x").expect("name"),
-        };
+        let shared = shared();
         let (t1, t2, t3) = (target("r1"), target("r2"), target("r3"));
         let old = Arc::new(PodSet::new([meta("a", "1")]));
         let new = Arc::new(PodSet::new([meta("a", "1"), meta("b", "1")]));

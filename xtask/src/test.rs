@@ -65,6 +65,10 @@ pub fn run(opts: &Options) -> Result<()> {
     }
     let root = vm::workspace_root()?;
     let mut passed = 0u32;
+    // A cold run writes about 16 GiB: Rust's target/ (about 6 GiB with .ci/run's settings),
+    // the Go module and build caches of the cluster stage, the VM kernels and the images.
+    // Say what there is, so that a run that fills the disk is told from a failing test.
+    println!("xtask test: {}", disk_free(&root));
 
     let t = stage("eBPF toolchain and object");
     build_ebpf::run(&build_ebpf::Options {
@@ -202,10 +206,34 @@ fn stage(name: &str) -> std::time::Instant {
 
 /// One line per finished stage, so that CI's log says what each costs.
 fn finished(name: &str, since: std::time::Instant) {
+    let free = vm::workspace_root()
+        .map(|root| disk_free(&root))
+        .unwrap_or_else(|e| format!("disk: unknown ({e})"));
     println!(
-        "==> xtask test: {name}: passed in {:.0} s",
+        "==> xtask test: {name}: passed in {:.0} s ({free})",
         since.elapsed().as_secs_f64()
     );
+}
+
+/// The space left on the file system of `target/`, as `df` reports it to this user.
+fn disk_free(root: &std::path::Path) -> String {
+    let out = exec::output(
+        Command::new("df")
+            .args(["--output=avail,target", "-B1"])
+            .arg(root),
+    );
+    let parsed = out.ok().and_then(|out| {
+        let line = out.lines().nth(1)?.to_string();
+        let (avail, mount) = line.trim().split_once(' ')?;
+        Some((avail.parse::<u64>().ok()?, mount.trim().to_string()))
+    });
+    match parsed {
+        Some((avail, mount)) => format!(
+            "disk: {:.1} GiB free on {mount}",
+            avail as f64 / (1u64 << 30) as f64
+        ),
+        None => "disk: free space unknown (df failed)".to_string(),
+    }
 }
 
 /// Builds an integration test without running it and returns its executable.

@@ -63,9 +63,15 @@ use crate::{
 /// The annotation a mirror pod carries: the static pod's UID as kubelet names its cgroup.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
-/// How often `--pods-file` is checked for changes (a `stat`; new pods show up within this,
-/// about one tick at the default resolution).
+/// How often `--pods-file` is checked for changes when its directory cannot be watched
+/// with inotify (a `stat`; new pods show up within this, about one tick at the default
+/// resolution). With inotify, a change is seen at once and this is the safety net's
+/// period times [`POD_FILE_RECHECK_FACTOR`].
 pub const POD_FILE_POLL: Duration = Duration::from_secs(1);
+
+/// With inotify, the file is still checked every `poll × this` (a file system that does not
+/// report changes, a missed event).
+pub const POD_FILE_RECHECK_FACTOR: u32 = 10;
 
 /// Largest accepted `--pods-file`.
 pub const MAX_POD_FILE_BYTES: u64 = 16 << 20;
@@ -590,14 +596,27 @@ impl Attributor {
         self.rx.clone()
     }
 
-    /// Standalone mode: reads `path` now (an error is a configuration error), then checks it
-    /// every `poll` and re-reads it when its inode, size or modification time changes. A later
-    /// unreadable or invalid file is logged and the previous pods are kept.
+    /// Standalone mode: reads `path` now (an error is a configuration error), then re-reads
+    /// it when its inode, size or modification time changes: checked when inotify reports a
+    /// change in its directory (a write closed, a file renamed, created or removed there;
+    /// replacing the file by a rename is seen too), and every `poll` ×
+    /// [`POD_FILE_RECHECK_FACTOR`] in case an event is missed; every `poll` if the
+    /// directory cannot be watched. A later unreadable or invalid file is logged and the
+    /// previous pods are kept.
     ///
     /// # Errors
     ///
     /// The first read's errors.
     pub async fn from_file(path: PathBuf, poll: Duration) -> Result<Attributor> {
+        // Watch before the first read: no change between the two is missed.
+        let events = dir_events(&path).map_err(|e| {
+            tracing::warn!(
+                path = %path.display(),
+                error = %e,
+                poll = %humantime::format_duration(poll),
+                "cannot watch the pods file's directory with inotify; polling it"
+            );
+        });
         let p = path.clone();
         let (first, stamp) = tokio::task::spawn_blocking(move || {
             let stamp = file_stamp(&p);
@@ -610,7 +629,7 @@ impl Attributor {
         })??;
         tracing::info!(path = %path.display(), pods = first.pods().len(), "pods file read");
         let (tx, rx) = watch::channel(Arc::new(first));
-        tokio::spawn(follow_file(path, poll, stamp, tx));
+        tokio::spawn(follow_file(path, poll, events.ok(), stamp, tx));
         Ok(Attributor { rx })
     }
 
@@ -636,15 +655,34 @@ fn file_stamp(path: &Path) -> FileStamp {
 async fn follow_file(
     path: PathBuf,
     poll: Duration,
+    mut events: Option<inotify::EventStream<Vec<u8>>>,
     mut stamp: FileStamp,
     tx: watch::Sender<Arc<PodIndex>>,
 ) {
     let mut last_error: Option<String> = None;
-    let mut ticker = tokio::time::interval(poll);
+    let period = if events.is_some() {
+        poll.saturating_mul(POD_FILE_RECHECK_FACTOR)
+    } else {
+        poll
+    };
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
+            e = next_event(&mut events) => {
+                if let Err(e) = e {
+                    tracing::warn!(
+                        path = %path.display(),
+                        error = %e,
+                        poll = %humantime::format_duration(poll),
+                        "inotify failed; polling the pods file"
+                    );
+                    events = None;
+                    ticker = tokio::time::interval(poll);
+                    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                }
+            }
             () = tx.closed() => return,
         }
         // A `stat` per poll, here (it does not block for long: no thread hand-off); the
@@ -690,6 +728,40 @@ async fn follow_file(
                 }
             }
         }
+    }
+}
+
+/// Events of the directory holding `path`: the changes that can replace or rewrite it.
+fn dir_events(path: &Path) -> std::io::Result<inotify::EventStream<Vec<u8>>> {
+    use inotify::{Inotify, WatchMask};
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let inotify = Inotify::init()?;
+    inotify.watches().add(
+        dir,
+        WatchMask::CLOSE_WRITE
+            | WatchMask::MOVED_TO
+            | WatchMask::MOVED_FROM
+            | WatchMask::CREATE
+            | WatchMask::DELETE
+            | WatchMask::ATTRIB,
+    )?;
+    // Events are only a reason to look: a buffer for a few at a time is enough.
+    inotify.into_event_stream(vec![0u8; 4096])
+}
+
+/// The next event (its content does not matter: the file's stamp decides), or an error;
+/// pending forever without a stream.
+async fn next_event(events: &mut Option<inotify::EventStream<Vec<u8>>>) -> std::io::Result<()> {
+    match events {
+        Some(stream) => match stream.next().await {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => Err(e),
+            None => Err(std::io::Error::other("the inotify stream ended")),
+        },
+        None => std::future::pending().await,
     }
 }
 
@@ -1224,6 +1296,41 @@ mod tests {
         .await
         .expect("re-read in time")
         .expect("alive");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn pods_file_changes_are_seen_without_polling() {
+        let dir = std::env::temp_dir().join(format!("kpulse-inotify-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("pods.json");
+        let pods = |name: &str| {
+            format!(
+                r#"{{"pods":[{{"uid":"u-{name}","namespace":"d","name":"{name}","containers":[{{"name":"a","cgroup":"/{name}/a"}}]}}]}}"#
+            )
+        };
+        std::fs::write(&path, pods("first")).expect("write");
+        // Polling alone would take an hour.
+        let a = Attributor::from_file(path.clone(), Duration::from_secs(3600))
+            .await
+            .expect("valid file");
+        let mut rx = a.subscribe();
+        let named =
+            |want: &'static str| move |i: &Arc<PodIndex>| i.pods().iter().any(|p| p.name == want);
+        // Written in place...
+        std::fs::write(&path, pods("second")).expect("write");
+        tokio::time::timeout(Duration::from_secs(5), rx.wait_for(named("second")))
+            .await
+            .expect("seen through inotify")
+            .expect("alive");
+        // ...and replaced by a rename, as tools that write atomically do.
+        let tmp = dir.join(".pods.json.tmp");
+        std::fs::write(&tmp, pods("third")).expect("write");
+        std::fs::rename(&tmp, &path).expect("rename");
+        tokio::time::timeout(Duration::from_secs(5), rx.wait_for(named("third")))
+            .await
+            .expect("seen through inotify")
+            .expect("alive");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

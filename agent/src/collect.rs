@@ -8,7 +8,9 @@ use std::{os::unix::fs::MetadataExt, path::Path, sync::Arc};
 // hash (randomly seeded), not the default SipHash.
 use foldhash::{HashMap, HashMapExt as _};
 
-use kpulse_common::{CgroupRecord, FLAG_MEMCG, FLAG_NAME_TRUNCATED, FLAG_READ_ERROR};
+use kpulse_common::{
+    CgroupRecord, FLAG_MEMCG, FLAG_NAME_KEPT, FLAG_NAME_TRUNCATED, FLAG_READ_ERROR,
+};
 
 use crate::{
     cgroupfs::{self, FsError},
@@ -98,6 +100,9 @@ pub struct CollectorStats {
     pub walk_records: u64,
     /// Entries of the cgroup id → path caches (eBPF).
     pub path_cache_entries: u64,
+    /// Of the last tick's records, those whose name the walk copied rather than kept
+    /// (`FLAG_NAME_KEPT`): cgroups new to their slot. 0 in a tree that did not change.
+    pub walk_names_copied: u64,
 }
 
 impl CollectorStats {
@@ -114,6 +119,7 @@ impl CollectorStats {
             fallbacks: self.fallbacks + o.fallbacks,
             walk_records: o.walk_records,
             path_cache_entries: o.path_cache_entries,
+            walk_names_copied: o.walk_names_copied,
         }
     }
 }
@@ -285,6 +291,8 @@ pub struct EbpfCollector {
     links: LinkEvents,
     /// Cgroup id and CPU time of the last successful tick (for [`AutoCollector`]'s switch).
     last_cpu: Vec<(u64, u64)>,
+    /// [`CollectorStats::walk_names_copied`] of the last tick.
+    names_copied: u64,
 }
 
 /// What happened to the links, and whether the previous tick met interference (warnings
@@ -314,10 +322,12 @@ impl EbpfCollector {
     ) -> Result<EbpfCollector, CollectError> {
         let bytes = crate::probe::object_bytes(object)?;
         let cap = u32::try_from(scope.max_cgroups).unwrap_or(u32::MAX);
-        let iter = match layout {
-            Some(l) => CgroupIter::load_with_layout(&bytes, cap, l)?,
-            None => CgroupIter::load(&bytes, cap)?,
+        // A hybrid node's memory hierarchy gets a region of records of its own.
+        let second_region = match &scope.layout {
+            Layout::Hybrid { .. } => memory_hierarchy_id(),
+            Layout::Unified { .. } => None,
         };
+        let iter = CgroupIter::load_with(&bytes, cap, layout, second_region)?;
         let cpu_root = cgroupfs::join_rel(scope.layout.cpu_mount(), &scope.root);
         let cpu_link = iter.link(&cpu_root)?;
         let mem_link = match &scope.layout {
@@ -339,6 +349,7 @@ impl EbpfCollector {
             flush_dirs: Vec::new(),
             links: LinkEvents::default(),
             last_cpu: Vec::new(),
+            names_copied: 0,
         };
         c.refresh_flush_dirs()?;
         c.self_check()?;
@@ -622,7 +633,8 @@ struct PathCache {
 #[derive(Debug)]
 struct CachedPath {
     parent: u64,
-    name: Box<[u8]>,
+    /// The record's `name_key`: the same key, the same name.
+    name_key: u64,
     parent_rel: Option<Arc<str>>,
     rel: Arc<str>,
     seen: u64,
@@ -644,8 +656,6 @@ impl PathCache {
             if r.flags & FLAG_READ_ERROR != 0 {
                 continue;
             }
-            let end = r.name.iter().position(|b| *b == 0).unwrap_or(r.name.len());
-            let raw = &r.name[..end];
             let parent_rel = if i == 0 {
                 None
             } else {
@@ -656,7 +666,7 @@ impl PathCache {
             };
             let hit = self.entries.get_mut(&r.id).filter(|e| {
                 e.parent == r.parent_id
-                    && *e.name == *raw
+                    && e.name_key == r.name_key
                     && match (&e.parent_rel, &parent_rel) {
                         (Some(a), Some(b)) => Arc::ptr_eq(a, b),
                         (None, None) => &*e.rel == root_rel,
@@ -671,6 +681,8 @@ impl PathCache {
             let rel: Arc<str> = match &parent_rel {
                 None => root_rel.into(),
                 Some(prel) => {
+                    let raw = std::ffi::CStr::from_bytes_until_nul(&r.name)
+                        .map_or(&r.name[..], |c| c.to_bytes());
                     let name = if r.flags & FLAG_NAME_TRUNCATED != 0 {
                         match name_by_inode(&cgroupfs::join_rel(mount, prel), r.id) {
                             Some(n) => n,
@@ -690,7 +702,7 @@ impl PathCache {
                 r.id,
                 CachedPath {
                     parent: r.parent_id,
-                    name: raw.into(),
+                    name_key: r.name_key,
                     parent_rel,
                     rel: rel.clone(),
                     seen: generation,
@@ -701,6 +713,24 @@ impl PathCache {
         self.entries.retain(|_, e| e.seen == generation);
         out
     }
+}
+
+/// The hierarchy id of the v1 memory controller (`/proc/cgroups`), if it has one.
+fn memory_hierarchy_id() -> Option<u32> {
+    let text = std::fs::read_to_string("/proc/cgroups").ok()?;
+    parse_hierarchy_id(&text, "memory")
+}
+
+/// The `hierarchy` column of `controller`'s line of `/proc/cgroups`; `None` when the
+/// controller is on the default hierarchy (0) or absent.
+fn parse_hierarchy_id(proc_cgroups: &str, controller: &str) -> Option<u32> {
+    proc_cgroups.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        (fields.next()? == controller)
+            .then(|| fields.next()?.parse::<u32>().ok())
+            .flatten()
+            .filter(|&h| h != 0)
+    })
 }
 
 /// Finds a child directory of `parent` by inode (for names longer than the record holds).
@@ -739,6 +769,7 @@ impl Collector for EbpfCollector {
             walk_records: (self.records.len() + self.mem_records.len()) as u64,
             path_cache_entries: (self.cpu_paths.entries.len() + self.mem_paths.entries.len())
                 as u64,
+            walk_names_copied: self.names_copied,
             ..self.links.stats
         }
     }
@@ -842,6 +873,11 @@ impl EbpfCollector {
                 }
             }
         }
+        self.names_copied = records
+            .iter()
+            .chain(&mrecs)
+            .filter(|r| r.flags & (FLAG_NAME_KEPT | FLAG_READ_ERROR) == 0)
+            .count() as u64;
         self.records = records;
         self.mem_records = mrecs;
         let node = node_totals(&self.scope.layout, root_inactive)?;
@@ -1026,6 +1062,10 @@ mod tests {
             memory_usage_pages: 0,
             inactive_file_pages: 0,
             anon_pages: 0,
+            // As the kernel's: another name is another string (FNV-1a of the name here).
+            name_key: name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            }),
             name: n,
         }
     }
@@ -1085,6 +1125,31 @@ mod tests {
         assert_eq!(paths(&mut c, &recs, "/"), ["/", "/a", "/a/b"]);
         let renamed = [rec(1, 0, ""), rec(2, 1, "z"), rec(3, 2, "b")];
         assert_eq!(paths(&mut c, &renamed, "/"), ["/", "/z", "/z/b"]);
+    }
+
+    #[test]
+    fn names_are_compared_by_key_only() {
+        let mut c = PathCache::default();
+        let recs = [rec(1, 0, ""), rec(2, 1, "a")];
+        assert_eq!(paths(&mut c, &recs, "/"), ["/", "/a"]);
+        // The walk kept the slot's name (FLAG_NAME_KEPT): the key decides, the bytes are
+        // not read again.
+        let mut kept = rec(2, 1, "a");
+        kept.flags |= kpulse_common::FLAG_NAME_KEPT;
+        kept.name = [0; NAME_LEN];
+        assert_eq!(paths(&mut c, &[rec(1, 0, ""), kept], "/"), ["/", "/a"]);
+    }
+
+    #[test]
+    fn the_memory_hierarchy_is_found_in_proc_cgroups() {
+        let hybrid = "#subsys_name\thierarchy\tnum_cgroups\tenabled\n\
+                      cpu\t2\t120\t1\ncpuacct\t3\t120\t1\nmemory\t5\t130\t1\n";
+        assert_eq!(parse_hierarchy_id(hybrid, "memory"), Some(5));
+        assert_eq!(parse_hierarchy_id(hybrid, "cpu"), Some(2));
+        let unified = "#subsys_name\thierarchy\tnum_cgroups\tenabled\nmemory\t0\t80\t1\n";
+        assert_eq!(parse_hierarchy_id(unified, "memory"), None);
+        assert_eq!(parse_hierarchy_id("", "memory"), None);
+        assert_eq!(parse_hierarchy_id("memory\tx\t1\t1\n", "memory"), None);
     }
 
     #[test]

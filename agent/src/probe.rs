@@ -146,10 +146,12 @@ pub struct CgroupIter {
     births: Result<(), String>,
 }
 
-/// The `BPF_F_MMAPABLE` records array, mapped into this process.
+/// The `BPF_F_MMAPABLE` records array, mapped into this process: `regions` regions of
+/// `len` records (see [`WalkEnd::region`]).
 struct RecordsMap {
     ptr: *const CgroupRecord,
     len: usize,
+    regions: usize,
     bytes: usize,
 }
 
@@ -205,13 +207,20 @@ fn open_object(
     object: &[u8],
     btf: &Btf,
     layout: &KernelLayout,
-    records: u32,
+    records: &RecordsLayout,
     births: u32,
     sched_cgroups: u32,
 ) -> Result<Ebpf, ProbeError> {
     let mut loader = EbpfLoader::new();
     loader.btf(Some(btf));
-    loader.map_max_entries(RECORDS_MAP, records);
+    loader.map_max_entries(RECORDS_MAP, records.entries());
+    loader
+        .override_global(globals::RECORDS_PER_REGION, &records.per_region, true)
+        .override_global(
+            globals::SECOND_REGION_HIERARCHY,
+            &records.second_region_hierarchy,
+            true,
+        );
     loader.map_max_entries(BIRTHS_MAP, births);
     loader.map_max_entries(SCHED_MAP, sched_cgroups);
     loader_with_layout(&mut loader, layout);
@@ -241,15 +250,40 @@ fn loader_with_layout<'a>(loader: &mut EbpfLoader<'a>, l: &'a KernelLayout) {
         .override_global(globals::ROOT_HIERARCHY_ID, &l.root_hierarchy_id, true);
 }
 
-impl CgroupIter {
-    /// Computes the kernel layout, loads the object and the `cgroup_stats` program.
-    /// Every failure is a typed reason the caller can log before falling back.
-    pub fn load(object: &[u8], max_cgroups: u32) -> Result<CgroupIter, ProbeError> {
-        if !Path::new(KERNEL_BTF).exists() {
-            return Err(ProbeError::NoBtf);
+/// The records map's regions, as the loader sets them (see [`WalkEnd::region`]).
+struct RecordsLayout {
+    per_region: u64,
+    /// `u64::MAX`: one region.
+    second_region_hierarchy: u64,
+}
+
+impl RecordsLayout {
+    fn new(max_cgroups: u32, second_region_hierarchy: Option<u32>) -> RecordsLayout {
+        RecordsLayout {
+            per_region: u64::from(max_cgroups.max(1)),
+            second_region_hierarchy: second_region_hierarchy.map_or(u64::MAX, u64::from),
         }
-        let layout = KernelLayout::from_file(Path::new(KERNEL_BTF))?;
-        Self::load_with_layout(object, max_cgroups, layout)
+    }
+
+    fn regions(&self) -> u32 {
+        if self.second_region_hierarchy == u64::MAX {
+            1
+        } else {
+            2
+        }
+    }
+
+    fn entries(&self) -> u32 {
+        u32::try_from(self.per_region * u64::from(self.regions())).unwrap_or(u32::MAX)
+    }
+}
+
+impl CgroupIter {
+    /// Computes the kernel layout, loads the object and the `cgroup_stats` program, with
+    /// room for `max_cgroups` records per walk. Every failure is a typed reason the caller
+    /// can log before falling back.
+    pub fn load(object: &[u8], max_cgroups: u32) -> Result<CgroupIter, ProbeError> {
+        Self::load_with(object, max_cgroups, None, None)
     }
 
     /// Like [`CgroupIter::load`] with offsets given by the caller (tests of the checks
@@ -259,16 +293,39 @@ impl CgroupIter {
         max_cgroups: u32,
         layout: KernelLayout,
     ) -> Result<CgroupIter, ProbeError> {
+        Self::load_with(object, max_cgroups, Some(layout), None)
+    }
+
+    /// The general form: offsets computed from the running kernel's BTF when `layout` is
+    /// `None`; walks of hierarchy `second_region_hierarchy` (a hybrid node's v1 memory
+    /// hierarchy, walked as well as the CPU one) write a region of their own, so that
+    /// every slot is rewritten by one hierarchy's walks and keeps its name between them.
+    pub fn load_with(
+        object: &[u8],
+        max_cgroups: u32,
+        layout: Option<KernelLayout>,
+        second_region_hierarchy: Option<u32>,
+    ) -> Result<CgroupIter, ProbeError> {
+        let layout = match layout {
+            Some(l) => l,
+            None => {
+                if !Path::new(KERNEL_BTF).exists() {
+                    return Err(ProbeError::NoBtf);
+                }
+                KernelLayout::from_file(Path::new(KERNEL_BTF))?
+            }
+        };
         let btf = Btf::from_sys_fs().map_err(|_| ProbeError::NoBtf)?;
+        let regions = RecordsLayout::new(max_cgroups, second_region_hierarchy);
         let mut ebpf = open_object(
             object,
             &btf,
             &layout,
-            max_cgroups.max(1),
+            &regions,
             kpulse_common::BIRTHS_MAX,
             1,
         )?;
-        let records = map_records(&ebpf, max_cgroups.max(1))?;
+        let records = map_records(&ebpf, max_cgroups.max(1), regions.regions())?;
         let prog: &mut Iter = ebpf
             .program_mut("cgroup_stats")
             .ok_or(ProbeError::MissingProgram("cgroup_stats"))?
@@ -396,14 +453,24 @@ impl CgroupIter {
             return Err(version_mismatch(end.version));
         }
         let visited = end.count;
+        let region = end.region as usize;
+        if region >= self.records.regions {
+            return Err(ProbeError::Output(format!(
+                "{}: the walk wrote region {region} of {}",
+                what(),
+                self.records.regions
+            )));
+        }
+        // SAFETY: region < regions: the region's first record is inside the mapping.
+        let base = unsafe { self.records.ptr.add(region * self.records.len) };
         let held = usize::try_from(visited)
             .unwrap_or(usize::MAX)
             .min(self.records.len);
         out.reserve(held);
         for i in 0..held {
-            // SAFETY: i < len, inside the mapping; records are plain old data, and the walk
+            // SAFETY: i < len, inside the region; records are plain old data, and the walk
             // that wrote them finished before read() returned end of file.
-            let r = unsafe { std::ptr::read_volatile(self.records.ptr.add(i)) };
+            let r = unsafe { std::ptr::read_volatile(base.add(i)) };
             if r.version != RECORD_VERSION {
                 return Err(ProbeError::Output(format!(
                     "{}: record {i} of {visited}: {}",
@@ -425,9 +492,8 @@ impl CgroupIter {
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         for i in 0..held {
             // SAFETY: as above; only the session field is read.
-            let session = unsafe {
-                std::ptr::read_volatile(std::ptr::addr_of!((*self.records.ptr.add(i)).session))
-            };
+            let session =
+                unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*base.add(i)).session)) };
             if session != end.session {
                 return Err(ProbeError::ForeignRecord {
                     what: what(),
@@ -631,7 +697,7 @@ fn freeze(ebpf: &Ebpf, name: &'static str) -> Result<(), ProbeError> {
     })
 }
 
-fn map_records(ebpf: &Ebpf, len: u32) -> Result<RecordsMap, ProbeError> {
+fn map_records(ebpf: &Ebpf, len: u32, regions: u32) -> Result<RecordsMap, ProbeError> {
     let map = ebpf
         .map(RECORDS_MAP)
         .ok_or(ProbeError::MissingProgram("CGROUP_RECORDS"))?;
@@ -639,8 +705,9 @@ fn map_records(ebpf: &Ebpf, len: u32) -> Result<RecordsMap, ProbeError> {
         return Err(ProbeError::Output(format!("{RECORDS_MAP} is not an array")));
     };
     let len = len as usize;
+    let regions = regions as usize;
     let page = usize::try_from(page_size()).unwrap_or(4096);
-    let bytes = (len * std::mem::size_of::<CgroupRecord>()).div_ceil(page) * page;
+    let bytes = (len * regions * std::mem::size_of::<CgroupRecord>()).div_ceil(page) * page;
     // SAFETY: mapping a BPF_F_MMAPABLE array read-only and shared; the kernel checks the
     // length against the map, and the result is checked before use.
     let ptr = unsafe {
@@ -663,6 +730,7 @@ fn map_records(ebpf: &Ebpf, len: u32) -> Result<RecordsMap, ProbeError> {
     Ok(RecordsMap {
         ptr: ptr as *const CgroupRecord,
         len,
+        regions,
         bytes,
     })
 }
@@ -681,7 +749,7 @@ impl SchedSwitch {
             object,
             &btf,
             &KernelLayout::default(),
-            1,
+            &RecordsLayout::new(1, None),
             1,
             kpulse_common::SCHED_MAX_CGROUPS,
         )?;

@@ -1,21 +1,27 @@
 //! `kpulse-agent run`'s loop: every `--resolution`, after a random phase offset (so that the
 //! agents of a cluster do not push in step), collect → attribute → publish one [`Tick`].
 //!
-//! The collector runs on the blocking pool (it reads files or walks BPF maps); the join
-//! with the [`PodIndex`](crate::attribute::PodIndex) runs there too. A tick that overruns
-//! the resolution makes the next ones skip, never queue.
+//! The loop runs on a thread of its own (from the blocking pool): the collector reads files
+//! or walks BPF maps, the join with the [`PodIndex`](crate::attribute::PodIndex) and the
+//! start times follow, and nothing in it waits for the network. It sleeps until the next
+//! tick and hands each tick to the shipper's tasks ([`Publisher`]), so a tick costs one
+//! wake-up of this thread and one of the runtime's. A tick that overruns the resolution
+//! makes the next ones skip, never queue.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use kpulse_wire::{NodeSample, UnixNanos};
-use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::{
     attribute::{Attribution, Attributor},
     collect::Collector,
     sample::Snapshot,
     selfmetrics::AgentMetrics,
-    ship::{Shipper, Tick},
+    ship::{Publisher, Shipper, Tick},
 };
 
 /// Why the loop ended other than by `stop`.
@@ -81,6 +87,9 @@ struct Seen {
 impl TickLoop {
     /// Runs until `stop` resolves, publishing every tick to `shipper`.
     ///
+    /// The loop runs on a thread of the blocking pool; this future waits for it, and on
+    /// `stop` wakes it and waits for the tick in progress, if any, to end.
+    ///
     /// # Errors
     ///
     /// [`RunError::CollectorPanicked`]: collection cannot go on.
@@ -89,14 +98,29 @@ impl TickLoop {
         shipper: &Shipper,
         stop: impl Future<Output = ()>,
     ) -> Result<(), RunError> {
+        let publisher = shipper.publisher();
+        // Nothing is ever sent: dropping the sender ends the loop's wait at once.
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+        let mut thread =
+            tokio::task::spawn_blocking(move || self.run_blocking(&publisher, &stop_rx));
+        tokio::select! {
+            r = &mut thread => return r.map_err(RunError::CollectorPanicked),
+            () = stop => {}
+        }
+        drop(stop_tx);
+        thread.await.map_err(RunError::CollectorPanicked)
+    }
+
+    /// The loop: wait for the next tick (or the end), collect, attribute, publish.
+    fn run_blocking(self, publisher: &Publisher, stop: &crossbeam_channel::Receiver<()>) {
         let TickLoop {
-            collector,
+            mut collector,
             attributor,
             resolution,
             procs_root,
             metrics,
         } = self;
-        let mut starts = Some(crate::starttime::StartTimes::new(procs_root.as_deref()));
+        let mut starts = crate::starttime::StartTimes::new(procs_root.as_deref());
         let phase = Duration::from_nanos(fastrand::u64(
             0..u64::try_from(resolution.as_nanos())
                 .unwrap_or(u64::MAX)
@@ -107,20 +131,16 @@ impl TickLoop {
             phase = ?phase,
             "collecting"
         );
-        let mut interval = tokio::time::interval_at(Instant::now() + phase, resolution);
-        interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
-        let mut stop = std::pin::pin!(stop);
-        let mut collector = Some(collector);
+        let mut due = Instant::now() + phase;
         let mut seen = Seen::default();
         let mut collector_stats = crate::collect::CollectorStats::default();
         loop {
-            tokio::select! {
-                _ = interval.tick() => {}
-                () = &mut stop => return Ok(()),
+            match stop.recv_deadline(due) {
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                // The sender is gone: stop.
+                Ok(()) | Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
             }
-            let Some(mut c) = collector.take() else {
-                return Ok(());
-            };
+            due = next_tick(due, resolution, Instant::now());
             if let Some(step) = crate::clock::check() {
                 metrics.clock_steps.inc();
                 tracing::warn!(
@@ -130,35 +150,24 @@ impl TickLoop {
                 );
             }
             let index = attributor.current();
-            let started = std::time::Instant::now();
-            let mut st = starts.take();
-            let joined = tokio::task::spawn_blocking(move || {
-                let r = c.collect().map(|s| {
-                    let mut a = index.join(&s);
-                    let found = st
-                        .as_mut()
-                        .map(|st| st.fill(&s, c.as_ref(), &mut a.counters))
-                        .unwrap_or_default();
-                    (s, a, index, found)
-                });
-                (c, st, r)
-            })
-            .await;
-            let (c, st, result) = joined.map_err(RunError::CollectorPanicked)?;
+            let started = Instant::now();
+            let result = collector.collect().map(|s| {
+                let mut a = index.join(&s);
+                let found = starts.fill(&s, collector.as_ref(), &mut a.counters);
+                (s, a, found)
+            });
             metrics
                 .collection_duration
                 .observe(started.elapsed().as_secs_f64());
-            let now = c.stats();
-            metrics.collector.record(c.source(), &collector_stats, &now);
+            let now = collector.stats();
+            metrics
+                .collector
+                .record(collector.source(), &collector_stats, &now);
             collector_stats = now;
-            if let Some(st) = st.as_ref() {
-                metrics
-                    .start_time_cache_entries
-                    .set(i64::try_from(st.len()).unwrap_or(i64::MAX));
-            }
-            collector = Some(c);
-            starts = st;
-            let (snap, attribution, index, found) = match result {
+            metrics
+                .start_time_cache_entries
+                .set(i64::try_from(starts.len()).unwrap_or(i64::MAX));
+            let (snap, attribution, found) = match result {
                 Ok(r) => r,
                 Err(e) => {
                     metrics.collection_errors.inc();
@@ -210,7 +219,61 @@ impl TickLoop {
                 }
                 seen.unattributed = unattributed > 0;
             }
-            shipper.publish(tick(&snap, attribution, index.pods(), crate::clock::boot()));
+            publisher.publish(tick(&snap, attribution, index.pods(), crate::clock::boot()));
         }
+    }
+}
+
+/// The tick after the one `due`, skipping those already missed at `now` (a tick that
+/// overran the resolution): the next multiple of `period` after `now`, never a burst.
+fn next_tick(due: Instant, period: Duration, now: Instant) -> Instant {
+    let next = due + period;
+    if next > now {
+        return next;
+    }
+    let behind = now.duration_since(next).as_nanos();
+    let missed = behind / period.as_nanos().max(1) + 1;
+    let skip = u32::try_from(missed)
+        .ok()
+        .and_then(|n| period.checked_mul(n));
+    skip.and_then(|d| next.checked_add(d))
+        .unwrap_or(now + period)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn on_time_ticks_follow_the_period() {
+        let t0 = Instant::now();
+        assert_eq!(next_tick(t0, SECOND, t0), t0 + SECOND);
+        assert_eq!(
+            next_tick(t0, SECOND, t0 + Duration::from_millis(999)),
+            t0 + SECOND
+        );
+    }
+
+    #[test]
+    fn overrun_ticks_are_skipped_not_queued() {
+        let t0 = Instant::now();
+        // The tick due at t0 ended at t0 + 1 s: the one due then is missed.
+        assert_eq!(next_tick(t0, SECOND, t0 + SECOND), t0 + 2 * SECOND);
+        assert_eq!(
+            next_tick(t0, SECOND, t0 + Duration::from_millis(3500)),
+            t0 + 4 * SECOND
+        );
+        // The phase is kept: ticks stay on t0's grid.
+        let hour = Duration::from_secs(3600);
+        assert_eq!(
+            next_tick(
+                t0,
+                Duration::from_millis(100),
+                t0 + hour + Duration::from_millis(50)
+            ),
+            t0 + hour + Duration::from_millis(100)
+        );
     }
 }

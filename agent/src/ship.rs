@@ -415,8 +415,7 @@ struct Shared {
 /// Streams ticks to every replica; see the module docs.
 #[derive(Debug)]
 pub struct Shipper {
-    shared: Arc<Shared>,
-    seq: AtomicU64,
+    publisher: Publisher,
     stop: watch::Sender<bool>,
     supervisor: tokio::task::JoinHandle<()>,
 }
@@ -435,8 +434,10 @@ impl Shipper {
         });
         let supervisor = tokio::spawn(supervise(shared.clone(), stop_rx));
         Shipper {
-            shared,
-            seq: AtomicU64::new(0),
+            publisher: Publisher {
+                shared,
+                seq: Arc::new(AtomicU64::new(0)),
+            },
             stop,
             supervisor,
         }
@@ -445,23 +446,18 @@ impl Shipper {
     /// Hands a tick to every replica's queue. Never blocks; a replica that is behind loses
     /// its oldest queued tick.
     pub fn publish(&self, tick: Tick) {
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let previous = self.shared.latest.borrow().as_ref().map(|p| p.tick.clone());
-        let p = Published {
-            seq,
-            sent_at: kpulse_wire::UnixNanos::from_system_time(std::time::SystemTime::now()),
-            tick: Arc::new(tick),
-            unchanged: Arc::default(),
-            previous,
-        };
-        self.shared.latest.send_replace(Some(p.clone()));
-        // No receiver (no stream connected) is not an error: the next Snapshot has it.
-        let _ = self.shared.ticks.send(p);
+        self.publisher.publish(tick);
+    }
+
+    /// A handle that publishes from any thread (the collecting thread): the replicas' tasks
+    /// are woken on the runtime.
+    pub fn publisher(&self) -> Publisher {
+        self.publisher.clone()
     }
 
     /// The metrics this shipper counts into.
     pub fn metrics(&self) -> &Arc<ShipMetrics> {
-        &self.shared.config.metrics
+        &self.publisher.shared.config.metrics
     }
 
     /// Ends every stream (the request bodies end cleanly), waiting up to `grace`; what is
@@ -477,6 +473,31 @@ impl Shipper {
             supervisor.abort();
             let _ = supervisor.await;
         }
+    }
+}
+
+/// Publishes ticks to a [`Shipper`]'s replicas; see [`Shipper::publisher`].
+#[derive(Clone, Debug)]
+pub struct Publisher {
+    shared: Arc<Shared>,
+    seq: Arc<AtomicU64>,
+}
+
+impl Publisher {
+    /// [`Shipper::publish`].
+    pub fn publish(&self, tick: Tick) {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let previous = self.shared.latest.borrow().as_ref().map(|p| p.tick.clone());
+        let p = Published {
+            seq,
+            sent_at: kpulse_wire::UnixNanos::from_system_time(std::time::SystemTime::now()),
+            tick: Arc::new(tick),
+            unchanged: Arc::default(),
+            previous,
+        };
+        self.shared.latest.send_replace(Some(p.clone()));
+        // No receiver (no stream connected) is not an error: the next Snapshot has it.
+        let _ = self.shared.ticks.send(p);
     }
 }
 
@@ -703,7 +724,7 @@ mod tests {
             ShipConfig::new(Replicas::Static(vec![]), tls),
             hello("n", "test"),
         );
-        let mut rx = shipper.shared.ticks.subscribe();
+        let mut rx = shipper.publisher.shared.ticks.subscribe();
         for i in 0..100 {
             shipper.publish(Tick {
                 node: NodeSample {
@@ -716,7 +737,13 @@ mod tests {
                 counters: vec![],
             });
         }
-        let latest = shipper.shared.latest.borrow().clone().expect("latest");
+        let latest = shipper
+            .publisher
+            .shared
+            .latest
+            .borrow()
+            .clone()
+            .expect("latest");
         assert_eq!(latest.seq, 100);
         // The queue kept the newest 8 and says how many it dropped.
         assert!(matches!(

@@ -355,6 +355,8 @@ fn run() -> usize {
     assert_eq!(a.source, Source::Ebpf);
     assert_eq!(b.source, Source::Cgroupfs);
 
+    checks += names(&mut ebpf, &layout, &mut cg, &parent, &mut failures);
+
     // --max-cgroups bounds what is reported, and the rest is counted, never silently lost.
     let small = Scope {
         max_cgroups: 2,
@@ -460,6 +462,83 @@ fn boottime_ns() -> u64 {
 /// boot-clock bracket of its `mkdir`; `spin` (made before the collector loaded) has none;
 /// on a hybrid node, the v1 memory cgroup made by the same `add_kid` is not recorded
 /// under its own (v1) id.
+/// Walks copy a cgroup's name only when its record slot held another cgroup or another
+/// name: none in a tree that did not change, the new ones after a mkdir; a renamed cgroup
+/// (v1 hierarchies only: the default hierarchy cannot rename) gets its new path.
+fn names(
+    ebpf: &mut EbpfCollector,
+    layout: &Layout,
+    cg: &mut TestCgroups,
+    parent: &str,
+    failures: &mut Vec<String>,
+) -> usize {
+    let copied = |ebpf: &EbpfCollector| ebpf.stats().walk_names_copied;
+    let paths =
+        |s: &Snapshot| -> Vec<String> { s.cgroups.iter().map(|c| c.path.to_string()).collect() };
+    ebpf.collect().expect("collect");
+    let steady = ebpf.collect().expect("collect");
+    let mut checks = 1;
+    if copied(ebpf) != 0 {
+        failures.push(format!(
+            "names: {} names copied in a tree that did not change ({:?})",
+            copied(ebpf),
+            paths(&steady)
+        ));
+    }
+    cg.add_kid(layout, parent, "late").expect("mkdir");
+    let grown = ebpf.collect().expect("collect");
+    let late = format!("/{parent}/late");
+    checks += 1;
+    if copied(ebpf) == 0 || !paths(&grown).contains(&late) {
+        failures.push(format!(
+            "names: after a mkdir {} names copied, paths {:?}",
+            copied(ebpf),
+            paths(&grown)
+        ));
+    }
+    ebpf.collect().expect("collect");
+    checks += 1;
+    if copied(ebpf) != 0 {
+        failures.push(format!(
+            "names: {} names copied in the tick after",
+            copied(ebpf)
+        ));
+    }
+    let mut renamed_too = "";
+    // The v1 memory hierarchy (the CPU comes from the default one, which cannot rename).
+    if let Layout::Hybrid { memory, .. } = layout {
+        std::fs::rename(
+            memory.join(parent).join("late"),
+            memory.join(parent).join("later"),
+        )
+        .expect("rename a v1 cgroup");
+        let after = ebpf.collect().expect("collect");
+        checks += 1;
+        let later = format!("/{parent}/later");
+        let has_memory = |path: &str| {
+            after
+                .cgroups
+                .iter()
+                .any(|c| *c.path == *path && c.memory.is_some())
+        };
+        if !has_memory(&later) || has_memory(&late) {
+            failures.push(format!(
+                "names: after a rename of late to later in the memory hierarchy, paths {:?}",
+                paths(&after)
+            ));
+        }
+        std::fs::rename(
+            memory.join(parent).join("later"),
+            memory.join(parent).join("late"),
+        )
+        .expect("rename back");
+        renamed_too = ", a v1 rename followed";
+    }
+    cg.remove_kid("late");
+    println!("accuracy: names kept by unchanged slots, copied for a new cgroup{renamed_too}");
+    checks
+}
+
 fn births(
     ebpf: &EbpfCollector,
     layout: &Layout,

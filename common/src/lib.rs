@@ -7,10 +7,11 @@
 #![no_std]
 
 /// Version of [`CgroupRecord`]'s layout. The agent refuses records of another version.
-pub const RECORD_VERSION: u32 = 2;
+pub const RECORD_VERSION: u32 = 3;
 
 /// Name of the `BPF_F_MMAPABLE` array the iterator fills: record `i` of a walk is the
-/// `i`-th cgroup visited. Its size is set by the loader (`--max-cgroups`).
+/// `i`-th cgroup visited, in the walk's region (see [`WalkEnd::region`]). Its size is set
+/// by the loader: `--max-cgroups` records per region.
 pub const RECORDS_MAP: &str = "CGROUP_RECORDS";
 
 /// Bytes of a cgroup's directory name carried in a record (NUL-terminated).
@@ -24,6 +25,9 @@ pub const FLAG_MEMCG: u32 = 1 << 0;
 pub const FLAG_NAME_TRUNCATED: u32 = 1 << 1;
 /// A kernel read failed for one of the fields; user space drops the record and counts it.
 pub const FLAG_READ_ERROR: u32 = 1 << 2;
+/// The name was not copied again: the record's slot already held this cgroup with this
+/// [`CgroupRecord::name_key`] (and so its name) from the previous walk.
+pub const FLAG_NAME_KEPT: u32 = 1 << 3;
 
 /// One cgroup as seen by the `iter/cgroup` program `cgroup_stats`, stored at index
 /// *i* of [`RECORDS_MAP`] for the *i*-th live cgroup visited, in pre-order (a parent always precedes its children).
@@ -61,6 +65,12 @@ pub struct CgroupRecord {
     pub inactive_file_pages: i64,
     /// Hierarchical anonymous mapped memory, pages.
     pub anon_pages: i64,
+    /// Identifies the cgroup's current name: the address of its kernfs node's name string.
+    /// Kernfs names are immutable strings; renaming (possible on v1 hierarchies only)
+    /// allocates a new one, so a cgroup with the same id and key has the same name. Walks
+    /// copy a name only when its slot held another id or key; user space compares keys,
+    /// not bytes. Opaque: only equality means anything.
+    pub name_key: u64,
     /// Directory name, NUL-terminated.
     pub name: [u8; NAME_LEN],
 }
@@ -72,8 +82,12 @@ pub struct CgroupRecord {
 pub struct WalkEnd {
     /// Layout version, [`RECORD_VERSION`].
     pub version: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// The region of [`RECORDS_MAP`] this walk wrote: its records are
+    /// `region × RECORDS_PER_REGION + i`. Walks of the hierarchy the loader names in
+    /// `SECOND_REGION_HIERARCHY` (the v1 memory hierarchy of a hybrid node) use region 1,
+    /// all others region 0, so that each slot is rewritten by walks of one hierarchy and
+    /// usually holds the same cgroup as in the previous walk ([`FLAG_NAME_KEPT`]).
+    pub region: u32,
     /// The session, equal to every record's `session`.
     pub session: u64,
     /// Cgroups visited.
@@ -134,4 +148,8 @@ pub mod globals {
     pub const CGROUP_ROOT: &str = "OFF_CGROUP_ROOT";
     /// `offsetof(struct cgroup_root, hierarchy_id)`.
     pub const ROOT_HIERARCHY_ID: &str = "OFF_ROOT_HIERARCHY_ID";
+    /// Records per region of the records map (`--max-cgroups`); not an offset.
+    pub const RECORDS_PER_REGION: &str = "RECORDS_PER_REGION";
+    /// The hierarchy id whose walks write region 1 (`u64::MAX`: none); not an offset.
+    pub const SECOND_REGION_HIERARCHY: &str = "SECOND_REGION_HIERARCHY";
 }

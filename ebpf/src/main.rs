@@ -31,8 +31,8 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use kpulse_common::{
-    CgroupRecord, WalkEnd, FLAG_MEMCG, FLAG_NAME_TRUNCATED, FLAG_READ_ERROR, NAME_LEN,
-    RECORD_VERSION, SCHED_MAX_CGROUPS,
+    CgroupRecord, WalkEnd, FLAG_MEMCG, FLAG_NAME_KEPT, FLAG_NAME_TRUNCATED, FLAG_READ_ERROR,
+    NAME_LEN, RECORD_VERSION, SCHED_MAX_CGROUPS,
 };
 
 /// Live cgroups visited so far in session [`WALK_SESSION`]. `seq_num` cannot serve: at the
@@ -41,6 +41,8 @@ use kpulse_common::{
 static mut WALK_VISITED: u64 = 0;
 /// The session [`WALK_VISITED`] counts.
 static mut WALK_SESSION: u64 = 0;
+/// The region session [`WALK_SESSION`] writes (see `WalkEnd::region`).
+static mut WALK_REGION: u64 = 0;
 
 /// Records of the current walk, indexed by visit order. The loader sets the size.
 #[map]
@@ -77,6 +79,11 @@ static OFF_VMSTATS_ANON: u64 = 0;
 static OFF_CGROUP_ROOT: u64 = 0;
 #[no_mangle]
 static OFF_ROOT_HIERARCHY_ID: u64 = 0;
+// Written by the loader too: the records map's layout (see `WalkEnd::region`).
+#[no_mangle]
+static RECORDS_PER_REGION: u64 = 1;
+#[no_mangle]
+static SECOND_REGION_HIERARCHY: u64 = u64::MAX;
 
 #[inline(always)]
 fn global(v: &'static u64) -> u64 {
@@ -126,16 +133,19 @@ pub extern "C" fn cgroup_stats(ctx: *const IterCgroupCtx) -> i32 {
     let cgrp = ctx.cgroup;
     if cgrp == 0 {
         // Final call of the session: report how many cgroups were visited.
+        let ours = unsafe { core::ptr::read_volatile(&raw const WALK_SESSION) } == meta.session_id;
         let end = WalkEnd {
             version: RECORD_VERSION,
-            reserved: 0,
+            region: if ours {
+                unsafe { core::ptr::read_volatile(&raw const WALK_REGION) as u32 }
+            } else {
+                0
+            },
             session: meta.session_id,
-            count: unsafe {
-                if core::ptr::read_volatile(&raw const WALK_SESSION) == meta.session_id {
-                    core::ptr::read_volatile(&raw const WALK_VISITED)
-                } else {
-                    0
-                }
+            count: if ours {
+                unsafe { core::ptr::read_volatile(&raw const WALK_VISITED) }
+            } else {
+                0
             },
         };
         unsafe {
@@ -149,25 +159,44 @@ pub extern "C" fn cgroup_stats(ctx: *const IterCgroupCtx) -> i32 {
     }
     // Dense index: the kernel also counts dying cgroups (skipped without calling us) in
     // `seq_num`, so records are numbered by this program's own count of live ones.
-    let index = unsafe {
+    let (index, region) = unsafe {
         if core::ptr::read_volatile(&raw const WALK_SESSION) == meta.session_id {
-            core::ptr::read_volatile(&raw const WALK_VISITED)
+            (
+                core::ptr::read_volatile(&raw const WALK_VISITED),
+                core::ptr::read_volatile(&raw const WALK_REGION),
+            )
         } else {
-            0
+            // The walk's first cgroup, its root: the hierarchy decides the region.
+            let second = hierarchy_of(cgrp).is_ok_and(|h| h == global(&SECOND_REGION_HIERARCHY));
+            (0, u64::from(second))
         }
     };
     unsafe {
         core::ptr::write_volatile(&raw mut WALK_SESSION, meta.session_id);
         core::ptr::write_volatile(&raw mut WALK_VISITED, index + 1);
+        core::ptr::write_volatile(&raw mut WALK_REGION, region);
     }
-    if index >= u64::from(u32::MAX) {
+    let per_region = global(&RECORDS_PER_REGION);
+    if index >= per_region {
+        // More cgroups than a region holds: user space sees count > capacity.
         return 0;
     }
-    let Some(rec) = CGROUP_RECORDS.get_ptr_mut(index as u32) else {
-        // More cgroups than the map holds: user space sees count > capacity.
+    let slot = region * per_region + index;
+    if slot >= u64::from(u32::MAX) {
+        return 0;
+    }
+    let Some(rec) = CGROUP_RECORDS.get_ptr_mut(slot as u32) else {
         return 0;
     };
     let rec = unsafe { &mut *rec };
+    // What the previous walk left in this slot: its name can be kept if it is the same
+    // cgroup with the same name (see `CgroupRecord::name_key`).
+    let previous = Previous {
+        valid: rec.version == RECORD_VERSION && rec.flags & FLAG_READ_ERROR == 0,
+        id: rec.id,
+        name_key: rec.name_key,
+        truncated: rec.flags & FLAG_NAME_TRUNCATED,
+    };
     rec.version = RECORD_VERSION;
     rec.flags = 0;
     rec.session = meta.session_id;
@@ -178,8 +207,8 @@ pub extern "C" fn cgroup_stats(ctx: *const IterCgroupCtx) -> i32 {
     rec.memory_usage_pages = 0;
     rec.inactive_file_pages = 0;
     rec.anon_pages = 0;
-    rec.name[0] = 0;
-    if fill(cgrp, rec).is_err() {
+    rec.name_key = 0;
+    if fill(cgrp, rec, &previous).is_err() {
         rec.flags |= FLAG_READ_ERROR;
     }
     0
@@ -199,8 +228,17 @@ unsafe fn load_i32(base: u64, off: u64) -> i32 {
     unsafe { read_volatile((base + off) as *const i32) }
 }
 
+/// A slot's record from the previous walk, as far as the name is concerned.
+struct Previous {
+    /// Written by this program version, without a read error (so its name was copied).
+    valid: bool,
+    id: u64,
+    name_key: u64,
+    truncated: u32,
+}
+
 #[inline(always)]
-fn fill(cgrp: u64, rec: &mut CgroupRecord) -> Result<(), i32> {
+fn fill(cgrp: u64, rec: &mut CgroupRecord, previous: &Previous) -> Result<(), i32> {
     unsafe {
         // Along BTF-typed pointers: direct loads (see `load_u64`).
         let kn = load_u64(cgrp, global(&OFF_CGROUP_KN));
@@ -209,10 +247,17 @@ fn fill(cgrp: u64, rec: &mut CgroupRecord) -> Result<(), i32> {
         }
         rec.id = load_u64(kn, global(&OFF_KN_ID));
         let name_ptr = load_u64(kn, global(&OFF_KN_NAME));
-        let n = bpf_probe_read_kernel_str_bytes(name_ptr as *const u8, &mut rec.name)?.len();
-        if n >= NAME_LEN - 1 {
-            rec.flags |= FLAG_NAME_TRUNCATED;
+        if previous.valid && previous.id == rec.id && previous.name_key == name_ptr {
+            // The slot already holds this name: in a steady tree, every slot.
+            rec.flags |= FLAG_NAME_KEPT | previous.truncated;
+        } else {
+            rec.name[0] = 0;
+            let n = bpf_probe_read_kernel_str_bytes(name_ptr as *const u8, &mut rec.name)?.len();
+            if n >= NAME_LEN - 1 {
+                rec.flags |= FLAG_NAME_TRUNCATED;
+            }
         }
+        rec.name_key = name_ptr;
         rec.level = load_i32(cgrp, global(&OFF_CGROUP_LEVEL)) as u64;
         let parent_css = load_u64(cgrp, global(&OFF_CSS_PARENT));
         if parent_css != 0 {
@@ -265,12 +310,20 @@ pub fn cgroup_mkdir(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
+/// The id of the hierarchy `cgrp` belongs to (`cgroup->root->hierarchy_id`; the
+/// default hierarchy is 0, the `0::` line of /proc/PID/cgroup).
+#[inline(always)]
+fn hierarchy_of(cgrp: u64) -> Result<u64, i32> {
+    unsafe {
+        let root = read_u64(cgrp, global(&OFF_CGROUP_ROOT))?;
+        Ok(read_i32(root, global(&OFF_ROOT_HIERARCHY_ID))? as u64)
+    }
+}
+
 #[inline(always)]
 fn record_birth(cgrp: u64, now: u64) -> Result<(), i32> {
     unsafe {
-        let root = read_u64(cgrp, global(&OFF_CGROUP_ROOT))?;
-        // The default hierarchy is hierarchy 0 (the `0::` line of /proc/PID/cgroup).
-        if read_i32(root, global(&OFF_ROOT_HIERARCHY_ID))? != 0 {
+        if hierarchy_of(cgrp)? != 0 {
             return Ok(());
         }
         let kn = read_u64(cgrp, global(&OFF_CGROUP_KN))?;

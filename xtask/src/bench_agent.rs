@@ -135,6 +135,7 @@ pub fn run(opts: &Options) -> Result<()> {
         crate::build_ebpf::run(&crate::build_ebpf::Options {
             release: true,
             no_install: false,
+            clippy: false,
         })?;
         crate::exec::run(Command::new("cargo").current_dir(&root).args([
             "build",

@@ -43,6 +43,9 @@ pub struct Options {
     /// Only check the toolchain: never run apt-get or cargo install, fail naming what is missing.
     #[arg(long)]
     pub no_install: bool,
+    /// Lint `ebpf/` with Debian's clippy as `cargo xtask test` does, instead of building.
+    #[arg(long, conflicts_with_all = ["release", "no_install"])]
+    pub clippy: bool,
 }
 
 /// Upstream Rust release of Debian's rustc pair and of its library source (`major.minor.`).

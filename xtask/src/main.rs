@@ -61,6 +61,7 @@ fn main() -> Result<()> {
         Command::BenchIngest(opts) => bench_ingest::run(&opts),
         Command::BenchRestart(opts) => bench_restart::run(&opts),
         Command::BenchVsMetricsServer(opts) => cluster::versus::run(&opts),
+        Command::BuildEbpf(opts) if opts.clippy => build_ebpf::clippy(),
         Command::BuildEbpf(opts) => build_ebpf::run(&opts).map(|_| ()),
         Command::Certs(opts) => certs::run(&opts),
         Command::Cluster(opts) => cluster::run(&opts),

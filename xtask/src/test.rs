@@ -74,6 +74,7 @@ pub fn run(opts: &Options) -> Result<()> {
     build_ebpf::run(&build_ebpf::Options {
         release: true,
         no_install: false,
+        clippy: false,
     })?;
     finished("eBPF toolchain and object", t);
     passed += 1;

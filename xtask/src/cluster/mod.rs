@@ -208,6 +208,7 @@ fn build_all(root: &Path, dirs: &Dirs, release: &versions::Release) -> Result<Bu
     crate::build_ebpf::run(&crate::build_ebpf::Options {
         release: true,
         no_install: false,
+        clippy: false,
     })?;
     let builder = images::Builder::new(root)?;
     builder.base_images()?;

@@ -293,6 +293,9 @@ pub struct EbpfCollector {
     last_cpu: Vec<(u64, u64)>,
     /// [`CollectorStats::walk_names_copied`] of the last tick.
     names_copied: u64,
+    /// Hybrid: for each memory record's path (in order), the CPU sample it was merged
+    /// into last tick (`u32::MAX`: none).
+    mem_partners: Vec<u32>,
 }
 
 /// What happened to the links, and whether the previous tick met interference (warnings
@@ -350,6 +353,7 @@ impl EbpfCollector {
             links: LinkEvents::default(),
             last_cpu: Vec::new(),
             names_copied: 0,
+            mem_partners: Vec::new(),
         };
         c.refresh_flush_dirs()?;
         c.self_check()?;
@@ -622,25 +626,39 @@ impl LinkEvents {
 }
 
 /// cgroup id → path, kept across ticks, so that a path is built once per cgroup rather
-/// than once per cgroup per tick. An entry is reused only while the cgroup keeps its
-/// parent, its name and its parent's path; entries not seen in a tick are evicted.
+/// than once per cgroup per tick.
+///
+/// A pre-order walk of a tree that did not change returns every cgroup at the position it
+/// had in the last walk, so the cache is positional: record *i* reuses slot *i*'s path when
+/// the slot holds the same cgroup id, parent id and `name_key` (so the same name) and its
+/// parent's slot was reused too (so the same parent path). That is a few comparisons over
+/// two arrays read in order. Other records (new cgroups, or cgroups shifted by a creation
+/// or removal before them) get their parent's path by id, from a map built only in ticks
+/// that have such records, and a path string of their own. Slots not reached again are
+/// dropped.
 #[derive(Debug, Default)]
 struct PathCache {
-    entries: HashMap<u64, CachedPath>,
-    generation: u64,
+    /// The last walk's paths, by position (`None`: that record was left out).
+    slots: Vec<Option<Slot>>,
 }
 
-#[derive(Debug)]
-struct CachedPath {
+#[derive(Debug, Clone)]
+struct Slot {
+    id: u64,
     parent: u64,
     /// The record's `name_key`: the same key, the same name.
     name_key: u64,
-    parent_rel: Option<Arc<str>>,
+    /// Position of the parent's record in the walk (`u32::MAX` for the walk's root).
+    parent_pos: u32,
     rel: Arc<str>,
-    seen: u64,
 }
 
 impl PathCache {
+    /// Entries held.
+    fn len(&self) -> usize {
+        self.slots.iter().flatten().count()
+    }
+
     /// Pairs pre-ordered records with their paths (relative to `mount`). Records whose
     /// parent is unknown (the walk raced with a removal) or whose read failed are left out.
     fn resolve<'r>(
@@ -649,69 +667,123 @@ impl PathCache {
         root_rel: &str,
         mount: &Path,
     ) -> Vec<(Arc<str>, &'r CgroupRecord)> {
-        self.generation += 1;
-        let generation = self.generation;
+        self.resolve_interned(records, root_rel, mount, &mut |_| None)
+    }
+
+    /// [`PathCache::resolve`], taking a new path's string from `intern` when it has an
+    /// equal one (another hierarchy's cache), so that equal paths share one allocation.
+    fn resolve_interned<'r>(
+        &mut self,
+        records: &'r [CgroupRecord],
+        root_rel: &str,
+        mount: &Path,
+        intern: &mut dyn FnMut(&str) -> Option<Arc<str>>,
+    ) -> Vec<(Arc<str>, &'r CgroupRecord)> {
         let mut out = Vec::with_capacity(records.len());
+        let mut slots: Vec<Option<Slot>> = Vec::with_capacity(records.len());
+        // Whether record i reused slot i (its path is last tick's).
+        let mut reused: Vec<bool> = Vec::with_capacity(records.len());
+        // cgroup id → position, this tick; built at the first record the slots cannot serve.
+        let mut positions: Option<HashMap<u64, u32>> = None;
         for (i, r) in records.iter().enumerate() {
-            if r.flags & FLAG_READ_ERROR != 0 {
-                continue;
-            }
-            let parent_rel = if i == 0 {
+            let kept = if r.flags & FLAG_READ_ERROR != 0 {
                 None
             } else {
-                match self.entries.get(&r.parent_id) {
-                    Some(p) if p.seen == generation => Some(p.rel.clone()),
-                    _ => continue,
-                }
-            };
-            let hit = self.entries.get_mut(&r.id).filter(|e| {
-                e.parent == r.parent_id
-                    && e.name_key == r.name_key
-                    && match (&e.parent_rel, &parent_rel) {
-                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                        (None, None) => &*e.rel == root_rel,
-                        _ => false,
+                self.reuse(i, r, records, &reused).or_else(|| {
+                    let positions = positions.get_or_insert_with(|| {
+                        slots
+                            .iter()
+                            .enumerate()
+                            .filter_map(|(p, s)| Some((s.as_ref()?.id, p as u32)))
+                            .collect()
+                    });
+                    let mut slot = Self::build(i, r, root_rel, mount, &slots, positions)?;
+                    if let Some(shared) = intern(&slot.rel) {
+                        slot.rel = shared;
                     }
+                    Some(slot)
+                })
+            };
+            let hit = kept.as_ref().is_some_and(|slot| {
+                self.slots
+                    .get(i)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|old| Arc::ptr_eq(&old.rel, &slot.rel))
             });
-            if let Some(e) = hit {
-                e.seen = generation;
-                out.push((e.rel.clone(), r));
-                continue;
-            }
-            let rel: Arc<str> = match &parent_rel {
-                None => root_rel.into(),
-                Some(prel) => {
-                    let raw = std::ffi::CStr::from_bytes_until_nul(&r.name)
-                        .map_or(&r.name[..], |c| c.to_bytes());
-                    let name = if r.flags & FLAG_NAME_TRUNCATED != 0 {
-                        match name_by_inode(&cgroupfs::join_rel(mount, prel), r.id) {
-                            Some(n) => n,
-                            None => continue,
-                        }
-                    } else {
-                        String::from_utf8_lossy(raw).into_owned()
-                    };
-                    if &**prel == "/" {
-                        format!("/{name}").into()
-                    } else {
-                        format!("{prel}/{name}").into()
-                    }
+            if let Some(slot) = &kept {
+                if let Some(positions) = positions.as_mut() {
+                    positions.insert(slot.id, i as u32);
                 }
-            };
-            self.entries.insert(
-                r.id,
-                CachedPath {
-                    parent: r.parent_id,
-                    name_key: r.name_key,
-                    parent_rel,
-                    rel: rel.clone(),
-                    seen: generation,
-                },
-            );
-            out.push((rel, r));
+                out.push((slot.rel.clone(), r));
+            }
+            reused.push(hit);
+            slots.push(kept);
         }
-        self.entries.retain(|_, e| e.seen == generation);
+        self.slots = slots;
         out
+    }
+
+    /// Slot `i` of the last walk, if record `i` is the same cgroup under the same path.
+    fn reuse(
+        &self,
+        i: usize,
+        r: &CgroupRecord,
+        records: &[CgroupRecord],
+        reused: &[bool],
+    ) -> Option<Slot> {
+        let old = self.slots.get(i)?.as_ref()?;
+        if old.id != r.id || old.parent != r.parent_id || old.name_key != r.name_key {
+            return None;
+        }
+        let parent_same = if i == 0 {
+            old.parent_pos == u32::MAX
+        } else {
+            let p = old.parent_pos as usize;
+            reused.get(p).copied().unwrap_or(false)
+                && records.get(p).is_some_and(|pr| pr.id == r.parent_id)
+        };
+        parent_same.then(|| old.clone())
+    }
+
+    /// A new slot for record `i`: its parent's path (this tick's) and its name.
+    fn build(
+        i: usize,
+        r: &CgroupRecord,
+        root_rel: &str,
+        mount: &Path,
+        slots: &[Option<Slot>],
+        positions: &HashMap<u64, u32>,
+    ) -> Option<Slot> {
+        if i == 0 {
+            return Some(Slot {
+                id: r.id,
+                parent: r.parent_id,
+                name_key: r.name_key,
+                parent_pos: u32::MAX,
+                rel: root_rel.into(),
+            });
+        }
+        let parent_pos = *positions.get(&r.parent_id)?;
+        let prel = &slots.get(parent_pos as usize)?.as_ref()?.rel;
+        let name = if r.flags & FLAG_NAME_TRUNCATED != 0 {
+            name_by_inode(&cgroupfs::join_rel(mount, prel), r.id)?
+        } else {
+            let raw =
+                std::ffi::CStr::from_bytes_until_nul(&r.name).map_or(&r.name[..], |c| c.to_bytes());
+            String::from_utf8_lossy(raw).into_owned()
+        };
+        let rel: Arc<str> = if &**prel == "/" {
+            format!("/{name}").into()
+        } else {
+            format!("{prel}/{name}").into()
+        };
+        Some(Slot {
+            id: r.id,
+            parent: r.parent_id,
+            name_key: r.name_key,
+            parent_pos,
+            rel,
+        })
     }
 }
 
@@ -767,8 +839,7 @@ impl Collector for EbpfCollector {
     fn stats(&self) -> CollectorStats {
         CollectorStats {
             walk_records: (self.records.len() + self.mem_records.len()) as u64,
-            path_cache_entries: (self.cpu_paths.entries.len() + self.mem_paths.entries.len())
-                as u64,
+            path_cache_entries: (self.cpu_paths.len() + self.mem_paths.len()) as u64,
             walk_names_copied: self.names_copied,
             ..self.links.stats
         }
@@ -848,30 +919,62 @@ impl EbpfCollector {
             };
             dropped += stats.dropped;
             let mem_mount = self.scope.layout.memory_mount().to_path_buf();
-            let index: HashMap<Arc<str>, usize> = out
-                .iter()
-                .enumerate()
-                .map(|(i, c)| (c.path.clone(), i))
-                .collect();
-            let mem_paths = self.mem_paths.resolve(&mrecs, &root_rel, &mem_mount);
+            // CPU sample index by path, built only in a tick that needs it: when a memory
+            // cgroup gets a new path (it then shares the CPU sample's string, so that the
+            // pairing below is a pointer comparison) or its pairing moved.
+            let mut by_path: Option<HashMap<Arc<str>, usize>> = None;
+            let mut index_of = |out: &[CgroupSample], path: &str| -> Option<usize> {
+                by_path
+                    .get_or_insert_with(|| {
+                        out.iter()
+                            .enumerate()
+                            .map(|(i, c)| (c.path.clone(), i))
+                            .collect()
+                    })
+                    .get(path)
+                    .copied()
+            };
+            let mem_paths =
+                self.mem_paths
+                    .resolve_interned(&mrecs, &root_rel, &mem_mount, &mut |path| {
+                        index_of(&out, path).map(|i| out[i].path.clone())
+                    });
             dropped += (mrecs.len() - mem_paths.len()) as u64;
-            for (path, r) in mem_paths {
+            let mut partners = Vec::with_capacity(mem_paths.len());
+            for (j, (path, r)) in mem_paths.into_iter().enumerate() {
                 if &*path == "/" {
                     root_inactive = self.memory_of(r).map(|m| m.inactive_file);
+                    partners.push(u32::MAX);
                     continue;
                 }
                 let m = self.memory_of(r);
-                match index.get(&path) {
-                    Some(&i) => out[i].memory = m,
-                    None if out.len() < max => out.push(CgroupSample {
-                        path,
-                        id: CgroupId(r.id),
-                        cpu: None,
-                        memory: m,
-                    }),
-                    None => dropped += 1,
+                // Last tick's partner, if it is still this path's CPU sample.
+                let last = self
+                    .mem_partners
+                    .get(j)
+                    .map(|&k| k as usize)
+                    .filter(|&k| out.get(k).is_some_and(|c| Arc::ptr_eq(&c.path, &path)));
+                match last.or_else(|| index_of(&out, &path)) {
+                    Some(i) => {
+                        out[i].memory = m;
+                        partners.push(i as u32);
+                    }
+                    None if out.len() < max => {
+                        partners.push(u32::MAX);
+                        out.push(CgroupSample {
+                            path,
+                            id: CgroupId(r.id),
+                            cpu: None,
+                            memory: m,
+                        });
+                    }
+                    None => {
+                        partners.push(u32::MAX);
+                        dropped += 1;
+                    }
                 }
             }
+            self.mem_partners = partners;
         }
         self.names_copied = records
             .iter()
@@ -1128,6 +1231,62 @@ mod tests {
     }
 
     #[test]
+    fn a_cgroup_made_before_others_shifts_them_and_paths_stay_right() {
+        let mut c = PathCache::default();
+        let recs = [
+            rec(1, 0, ""),
+            rec(2, 1, "a"),
+            rec(3, 2, "b"),
+            rec(4, 1, "c"),
+        ];
+        assert_eq!(paths(&mut c, &recs, "/"), ["/", "/a", "/a/b", "/c"]);
+        // A new first child moves every later record one slot on.
+        let grown = [
+            rec(1, 0, ""),
+            rec(9, 1, "new"),
+            rec(2, 1, "a"),
+            rec(3, 2, "b"),
+            rec(4, 1, "c"),
+        ];
+        assert_eq!(
+            paths(&mut c, &grown, "/"),
+            ["/", "/new", "/a", "/a/b", "/c"]
+        );
+        // Steady again: every slot reused.
+        let first = c.resolve(&grown, "/", Path::new("/x"));
+        let again = c.resolve(&grown, "/", Path::new("/x"));
+        assert!(first
+            .iter()
+            .zip(&again)
+            .all(|(a, b)| Arc::ptr_eq(&a.0, &b.0)));
+        // A child whose parent moved is rebuilt under the parent's path.
+        let moved = [
+            rec(1, 0, ""),
+            rec(2, 1, "a"),
+            rec(4, 1, "c"),
+            rec(3, 2, "b"),
+        ];
+        assert_eq!(paths(&mut c, &moved, "/"), ["/", "/a", "/c", "/a/b"]);
+    }
+
+    #[test]
+    fn equal_paths_of_another_hierarchy_are_shared() {
+        let mut cpu = PathCache::default();
+        let mut mem = PathCache::default();
+        let recs = [rec(1, 0, ""), rec(2, 1, "a")];
+        let cpu_paths: Vec<Arc<str>> = cpu
+            .resolve(&recs, "/", Path::new("/x"))
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
+        let mem_recs = [rec(7, 0, ""), rec(8, 7, "a")];
+        let mem_paths = mem.resolve_interned(&mem_recs, "/", Path::new("/y"), &mut |p| {
+            cpu_paths.iter().find(|c| &***c == p).cloned()
+        });
+        assert!(Arc::ptr_eq(&mem_paths[1].0, &cpu_paths[1]));
+    }
+
+    #[test]
     fn names_are_compared_by_key_only() {
         let mut c = PathCache::default();
         let recs = [rec(1, 0, ""), rec(2, 1, "a")];
@@ -1161,7 +1320,7 @@ mod tests {
         assert_eq!(paths(&mut c, &recs, "/sub"), ["/sub", "/sub/a"]);
         let fewer = [rec(1, 0, "")];
         assert_eq!(paths(&mut c, &fewer, "/sub"), ["/sub"]);
-        assert_eq!(c.entries.len(), 1);
+        assert_eq!(c.len(), 1);
         // An id reused for another cgroup gets its own path.
         let reused = [rec(1, 0, ""), rec(2, 1, "new")];
         assert_eq!(paths(&mut c, &reused, "/sub"), ["/sub", "/sub/new"]);

@@ -193,6 +193,49 @@ struct ContainerRef {
     name: String,
 }
 
+/// What a cgroup is to a [`PodIndex`].
+#[derive(Clone, Debug)]
+enum Found {
+    /// A container of a known pod.
+    Container(Arc<ContainerRef>),
+    /// Not a container of a known pod: outside kubepods, a QoS or pod cgroup, a sandbox.
+    Other,
+    /// Under kubepods, but no known pod has it (or a malformed path): counted, not sent.
+    Unattributed,
+}
+
+/// What [`PodIndex::join`] found for each cgroup of the last tick, by position: while the
+/// index is the same and a position holds the same path (the same string: the collector's
+/// path caches reuse them), it is not looked up or parsed again. Held by the tick loop.
+#[derive(Debug, Default)]
+pub struct JoinCache {
+    /// The index the slots were found in (held, so it cannot be another at that address).
+    index: Option<Arc<PodIndex>>,
+    slots: Vec<(Arc<str>, Found)>,
+}
+
+impl JoinCache {
+    /// [`PodIndex::join`] of `index`, reusing last tick's findings where they hold.
+    pub fn join(&mut self, index: &Arc<PodIndex>, snap: &Snapshot) -> Attribution {
+        let same = self.index.as_ref().is_some_and(|i| Arc::ptr_eq(i, index));
+        let mut slots = Vec::with_capacity(snap.cgroups.len());
+        for (i, c) in snap.cgroups.iter().enumerate() {
+            let kept = if same {
+                self.slots
+                    .get(i)
+                    .filter(|(path, _)| Arc::ptr_eq(path, &c.path))
+                    .map(|(_, f)| f.clone())
+            } else {
+                None
+            };
+            slots.push((c.path.clone(), kept.unwrap_or_else(|| index.find(&c.path))));
+        }
+        self.slots = slots;
+        self.index = Some(index.clone());
+        index.assemble(snap, self.slots.iter().map(|(_, f)| f))
+    }
+}
+
 /// This node's pods and how to find their containers' cgroups. Immutable: a source builds a
 /// new one when its pods change.
 #[derive(Clone, Debug, Default)]
@@ -203,9 +246,9 @@ pub struct PodIndex {
     /// UID as found in cgroup paths (the mirror hash for static pods) → `metadata.uid`.
     by_cgroup_uid: HashMap<PodUid, String>,
     /// Container id → container (cluster mode).
-    by_container: HashMap<ContainerId, ContainerRef>,
+    by_container: HashMap<ContainerId, Arc<ContainerRef>>,
     /// Normalised cgroup path → container (standalone mode).
-    by_path: HashMap<String, ContainerRef>,
+    by_path: HashMap<String, Arc<ContainerRef>>,
     ready: bool,
 }
 
@@ -273,10 +316,10 @@ impl PodIndex {
                 required.push(name.clone());
                 index.by_container.insert(
                     id,
-                    ContainerRef {
+                    Arc::new(ContainerRef {
                         pod: uid.clone(),
                         name,
-                    },
+                    }),
                 );
             }
             required.sort();
@@ -345,10 +388,10 @@ impl PodIndex {
                 {
                     index.by_cgroup_uid.insert(u, pod.uid.clone());
                 }
-                let r = ContainerRef {
+                let r = Arc::new(ContainerRef {
                     pod: pod.uid.clone(),
                     name: c.name.clone(),
-                };
+                });
                 if index.by_path.insert(cgroup.clone(), r).is_some() {
                     return Err(invalid(format!("cgroup {cgroup} is listed twice")));
                 }
@@ -395,33 +438,47 @@ impl PodIndex {
 
     /// Joins one collection with this index.
     pub fn join(&self, snap: &Snapshot) -> Attribution {
+        let found: Vec<Found> = snap.cgroups.iter().map(|c| self.find(&c.path)).collect();
+        self.assemble(snap, found.iter())
+    }
+
+    /// What a cgroup path is to this index.
+    fn find(&self, path: &str) -> Found {
+        if let Some(r) = self.by_path.get(path) {
+            return Found::Container(r.clone());
+        }
+        match cgroup_path::classify(path) {
+            Ok(CgroupKind::NotKubernetes | CgroupKind::KubepodsRoot { .. }) => Found::Other,
+            Ok(kind) => {
+                let pod = kind.pod_uid().and_then(|u| self.by_cgroup_uid.get(u));
+                match (pod, &kind) {
+                    (None, _) => Found::Unattributed,
+                    (Some(pod), CgroupKind::Container { id, .. }) => self
+                        .by_container
+                        .get(id)
+                        .filter(|r| r.pod == *pod)
+                        .map_or(Found::Other, |r| Found::Container(r.clone())),
+                    (Some(_), _) => Found::Other,
+                }
+            }
+            Err(_) => Found::Unattributed,
+        }
+    }
+
+    /// The tick's counters from what each of `snap`'s cgroups is (`found`, in order).
+    fn assemble<'f>(&self, snap: &Snapshot, found: impl Iterator<Item = &'f Found>) -> Attribution {
         let mut measured: HashMap<&str, Vec<ContainerSample>> = HashMap::new();
         let mut unattributed = 0u64;
-        for c in &snap.cgroups {
-            let found = match self.by_path.get(&*c.path) {
-                Some(r) => Some(r),
-                None => match cgroup_path::classify(&c.path) {
-                    Ok(CgroupKind::NotKubernetes | CgroupKind::KubepodsRoot { .. }) => None,
-                    Ok(kind) => {
-                        let pod = kind.pod_uid().and_then(|u| self.by_cgroup_uid.get(u));
-                        match (pod, &kind) {
-                            (None, _) => {
-                                unattributed += 1;
-                                None
-                            }
-                            (Some(pod), CgroupKind::Container { id, .. }) => {
-                                self.by_container.get(id).filter(|r| r.pod == *pod)
-                            }
-                            (Some(_), _) => None,
-                        }
-                    }
-                    Err(_) => {
-                        unattributed += 1;
-                        None
-                    }
-                },
+        for (c, f) in snap.cgroups.iter().zip(found) {
+            let r = match f {
+                Found::Container(r) => r,
+                Found::Other => continue,
+                Found::Unattributed => {
+                    unattributed += 1;
+                    continue;
+                }
             };
-            let (Some(r), Some(cpu), Some(memory)) = (found, c.cpu, c.memory) else {
+            let (Some(cpu), Some(memory)) = (c.cpu, c.memory) else {
                 continue;
             };
             measured.entry(&r.pod).or_default().push(ContainerSample {
@@ -1023,6 +1080,35 @@ mod tests {
         let a = index.join(&snap(all[..2].to_vec()));
         assert!(a.counters.is_empty());
         assert_eq!(a.incomplete_pods, 1);
+    }
+
+    #[test]
+    fn the_join_cache_answers_as_the_join_does() {
+        let (pods, cgroups) = cluster();
+        let index = Arc::new(PodIndex::from_pods(&pods));
+        let mut cache = JoinCache::default();
+        let first = snap(cgroups.clone());
+        assert_eq!(cache.join(&index, &first), index.join(&first));
+        // The same path strings, later counters: last tick's findings, the same answer.
+        let mut later = first.clone();
+        for c in &mut later.cgroups {
+            c.cpu = c.cpu.map(|v| sample::CpuNanos(v.0 + 1_000));
+        }
+        assert_eq!(cache.join(&index, &later), index.join(&later));
+        assert!(cache
+            .slots
+            .iter()
+            .zip(&later.cgroups)
+            .all(|(s, c)| Arc::ptr_eq(&s.0, &c.path)));
+        // Another index (a pod gone): nothing is reused from the old one.
+        let fewer = Arc::new(PodIndex::from_pods(&pods[1..]));
+        let a = cache.join(&fewer, &later);
+        assert_eq!(a, fewer.join(&later));
+        assert!(a.counters.iter().all(|p| p.uid != U1));
+        // Another path at a position: found again.
+        let mut moved = later.clone();
+        moved.cgroups.rotate_left(1);
+        assert_eq!(cache.join(&fewer, &moved), fewer.join(&moved));
     }
 
     #[test]

@@ -121,6 +121,7 @@ impl TickLoop {
             metrics,
         } = self;
         let mut starts = crate::starttime::StartTimes::new(procs_root.as_deref());
+        let mut joins = crate::attribute::JoinCache::default();
         let phase = Duration::from_nanos(fastrand::u64(
             0..u64::try_from(resolution.as_nanos())
                 .unwrap_or(u64::MAX)
@@ -152,7 +153,7 @@ impl TickLoop {
             let index = attributor.current();
             let started = Instant::now();
             let result = collector.collect().map(|s| {
-                let mut a = index.join(&s);
+                let mut a = joins.join(&index, &s);
                 let found = starts.fill(&s, collector.as_ref(), &mut a.counters);
                 (s, a, found)
             });

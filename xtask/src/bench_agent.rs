@@ -589,6 +589,18 @@ fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
+/// The middle value (the mean of the two middle ones for an even count): a phase that a
+/// noisy neighbour of this VM slowed does not move it.
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 fn report(
     opts: &Options,
     hierarchies: &Hierarchies,
@@ -604,9 +616,12 @@ fn report(
          Kernel {}, {layout}; {} rounds of {} s phases (after every replica listed every pod, \
          and {} s more), builds and collectors alternated. CPU in mCPU (its cgroup's \
          `cpu.stat` over the phase ÷ wall time); collection = its own \
-         `kpulse_agent_collection_duration_seconds` (mean per tick); RSS at the phase's end.\n\n\
-         | build | collector | CPU (mCPU), each round | mean | user / system | collection | \
-         rest of a tick (CPU ÷ ticks − collection) | RSS (MiB) |\n|---|---|---|---|---|---|---|---|\n",
+         `kpulse_agent_collection_duration_seconds` (mean per tick); RSS at the phase's end. \
+         This VM's neighbours sometimes slow a whole phase by half: the median is the figure \
+         to compare.\n\n\
+         | build | collector | CPU (mCPU), each round | median | mean | user / system | \
+         collection | rest of a tick (CPU ÷ ticks − collection) | RSS (MiB) |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
         opts.pods,
         opts.containers,
         humantime::format_duration(opts.resolution),
@@ -626,8 +641,9 @@ fn report(
         let collect = mean(&ms.iter().map(|m| m.collect_mean).collect::<Vec<_>>());
         let _ = writeln!(
             out,
-            "| {label} | {collector} | {} | **{:.2}** | {:.2} / {:.2} | {:.2} ms | {:.2} ms | {:.1} |",
+            "| {label} | {collector} | {} | **{:.2}** | {:.2} | {:.2} / {:.2} | {:.2} ms | {:.2} ms | {:.1} |",
             rounds.join(", "),
+            median(&cpu),
             mean(&cpu),
             mean(&ms.iter().map(|m| m.user * 1e3).collect::<Vec<_>>()),
             mean(&ms.iter().map(|m| m.system * 1e3).collect::<Vec<_>>()),
@@ -642,6 +658,13 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_median_ignores_one_slow_phase() {
+        assert_eq!(median(&[2.05, 3.89, 2.00]), 2.05);
+        assert_eq!(median(&[2.0, 4.0, 1.0, 3.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
 
     #[test]
     fn pods_look_like_kubelets() {

@@ -1205,15 +1205,20 @@ mod tests {
         assert!(floors.is_empty());
     }
 
-    #[test]
-    fn paths_follow_parents_and_survive_ticks() {
-        let mut c = PathCache::default();
-        let recs = [
+    /// `/`, `/a`, `/a/b`, `/c`, in walk order.
+    fn tree() -> [CgroupRecord; 4] {
+        [
             rec(1, 0, ""),
             rec(2, 1, "a"),
             rec(3, 2, "b"),
             rec(4, 1, "c"),
-        ];
+        ]
+    }
+
+    #[test]
+    fn paths_follow_parents_and_survive_ticks() {
+        let mut c = PathCache::default();
+        let recs = tree();
         assert_eq!(paths(&mut c, &recs, "/"), ["/", "/a", "/a/b", "/c"]);
         let first = c.resolve(&recs, "/", Path::new("/x"));
         let again = c.resolve(&recs, "/", Path::new("/x"));
@@ -1233,13 +1238,7 @@ mod tests {
     #[test]
     fn a_cgroup_made_before_others_shifts_them_and_paths_stay_right() {
         let mut c = PathCache::default();
-        let recs = [
-            rec(1, 0, ""),
-            rec(2, 1, "a"),
-            rec(3, 2, "b"),
-            rec(4, 1, "c"),
-        ];
-        assert_eq!(paths(&mut c, &recs, "/"), ["/", "/a", "/a/b", "/c"]);
+        assert_eq!(paths(&mut c, &tree(), "/"), ["/", "/a", "/a/b", "/c"]);
         // A new first child moves every later record one slot on.
         let grown = [
             rec(1, 0, ""),

@@ -686,30 +686,29 @@ impl PathCache {
         // cgroup id → position, this tick; built at the first record the slots cannot serve.
         let mut positions: Option<HashMap<u64, u32>> = None;
         for (i, r) in records.iter().enumerate() {
-            let kept = if r.flags & FLAG_READ_ERROR != 0 {
+            let reuse = if r.flags & FLAG_READ_ERROR != 0 {
                 None
             } else {
-                self.reuse(i, r, records, &reused).or_else(|| {
-                    let positions = positions.get_or_insert_with(|| {
-                        slots
-                            .iter()
-                            .enumerate()
-                            .filter_map(|(p, s)| Some((s.as_ref()?.id, p as u32)))
-                            .collect()
-                    });
-                    let mut slot = Self::build(i, r, root_rel, mount, &slots, positions)?;
+                self.reuse(i, r, records, &reused)
+            };
+            let hit = reuse.is_some();
+            let kept = if hit || r.flags & FLAG_READ_ERROR != 0 {
+                reuse
+            } else {
+                let positions = positions.get_or_insert_with(|| {
+                    slots
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(p, s)| Some((s.as_ref()?.id, p as u32)))
+                        .collect()
+                });
+                Self::build(i, r, root_rel, mount, &slots, positions).map(|mut slot| {
                     if let Some(shared) = intern(&slot.rel) {
                         slot.rel = shared;
                     }
-                    Some(slot)
+                    slot
                 })
             };
-            let hit = kept.as_ref().is_some_and(|slot| {
-                self.slots
-                    .get(i)
-                    .and_then(Option::as_ref)
-                    .is_some_and(|old| Arc::ptr_eq(&old.rel, &slot.rel))
-            });
             if let Some(slot) = &kept {
                 if let Some(positions) = positions.as_mut() {
                     positions.insert(slot.id, i as u32);

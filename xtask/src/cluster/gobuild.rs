@@ -327,6 +327,12 @@ pub fn wrapper_go_mod(component: &Component, wrapped: &str) -> Result<String> {
     Ok(s)
 }
 
+/// The compiler's flags for every package. The binaries are stripped (`-ldflags=-s -w`), so
+/// the DWARF the compiler would write is dropped at link time anyway; not writing it saves
+/// about an eighth of the compile CPU (etcd 3.7.3 from a cold build cache: 139 → 122 CPU
+/// seconds; see docs/design/toolchain.md, "The machine of 2026-12-02").
+const GCFLAGS: &str = "all=-dwarf=false";
+
 /// Builds `component` into its `bin/` unless the same wrapper was already built there.
 /// Prints progress.
 pub fn build(component: &Component, build_root: &Path) -> Result<()> {
@@ -338,7 +344,7 @@ pub fn build(component: &Component, build_root: &Path) -> Result<()> {
     let wrapped = module_go_mod(&go_bin, &dir, component.module, component.version)?;
     let generated = wrapper_go_mod(component, &wrapped)?;
     let stamp_text = format!(
-        "{generated}\n# tags: {}\n# ldflags: {}\n# cgo: {}\n",
+        "{generated}\n# tags: {}\n# gcflags: {GCFLAGS}\n# ldflags: {}\n# cgo: {}\n",
         component.tags,
         component.ldflags_x.join(" "),
         component.cgo
@@ -375,7 +381,7 @@ pub fn build(component: &Component, build_root: &Path) -> Result<()> {
     if !component.tags.is_empty() {
         cmd.args(["-tags", component.tags]);
     }
-    cmd.args(["-ldflags", &ldflags, "-o"])
+    cmd.args(["-gcflags", GCFLAGS, "-ldflags", &ldflags, "-o"])
         .arg(format!("{}/", bin.display()))
         .args(&component.commands);
     crate::exec::run(&mut cmd)?;

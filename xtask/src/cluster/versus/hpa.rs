@@ -141,7 +141,7 @@ pub(super) fn settle(bench: &Bench, name: &str) -> Result<()> {
 }
 
 /// What one trial saw.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Trial {
     /// Seconds from load on to `desiredReplicas > 1`.
     pub up: f64,
@@ -149,6 +149,73 @@ pub(super) struct Trial {
     pub replicas: i64,
     /// Seconds from load off to `desiredReplicas = 1`.
     pub down: f64,
+    /// Every poll of the HPA's status from load off to the end (see [`Poll`]).
+    pub after_off: Vec<Poll>,
+}
+
+/// One poll of the HPA's status: what it wanted, had, saw, and why.
+#[derive(Clone, Debug)]
+pub(super) struct Poll {
+    /// Seconds since the load was switched on or off.
+    pub t: f64,
+    pub desired: i64,
+    pub current: i64,
+    /// The utilisation the HPA last computed, if any.
+    pub utilisation: Option<i64>,
+    /// `AbleToScale`'s and `ScalingLimited`'s reasons (e.g. `ScaleDownStabilized`,
+    /// `TooFewReplicas`) and `ScalingActive`'s when it is not `ValidMetricFound`.
+    pub why: String,
+}
+
+impl Poll {
+    fn of(t: f64, status: &Value) -> Self {
+        let reason = |kind: &str| {
+            status["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == kind)
+                .and_then(|c| c["reason"].as_str())
+                .unwrap_or("-")
+                .to_string()
+        };
+        let mut why = format!("{} {}", reason("AbleToScale"), reason("ScalingLimited"));
+        let active = reason("ScalingActive");
+        if active != "ValidMetricFound" {
+            why.push(' ');
+            why.push_str(&active);
+        }
+        Self {
+            t,
+            desired: status["desiredReplicas"].as_i64().unwrap_or(0),
+            current: status["currentReplicas"].as_i64().unwrap_or(0),
+            utilisation: status["currentMetrics"][0]["resource"]["current"]["averageUtilization"]
+                .as_i64(),
+            why,
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::json!({
+            "t": self.t, "desired": self.desired, "current": self.current,
+            "utilisation": self.utilisation, "why": self.why,
+        })
+    }
+}
+
+/// The changes of `desiredReplicas` after load off, e.g. `4 → 2 @31.8 → 1 @58.9` (seconds
+/// after load off); the polls themselves, with the HPA's reasons, go to `<report>.hpa.jsonl`.
+pub(super) fn down_path(polls: &[Poll]) -> String {
+    let Some(first) = polls.first() else {
+        return String::new();
+    };
+    let mut out = first.desired.to_string();
+    for w in polls.windows(2) {
+        if w[1].desired != w[0].desired {
+            let _ = write!(out, " → {} @{:.1}", w[1].desired, w[1].t);
+        }
+    }
+    out
 }
 
 pub(super) fn trial(bench: &Bench, flag: &std::path::Path, sync: Duration) -> Result<Trial> {
@@ -182,10 +249,13 @@ pub(super) fn trial(bench: &Bench, flag: &std::path::Path, sync: Duration) -> Re
     thread::sleep(super::freshness::jitter(sync));
     fs::remove_file(flag)?;
     let off = Instant::now();
+    let mut after_off = Vec::new();
     let down = loop {
         let v = hpa(bench)?;
+        let t = off.elapsed().as_secs_f64();
+        after_off.push(Poll::of(t, &v["status"]));
         if v["status"]["desiredReplicas"].as_i64() == Some(1) {
-            break off.elapsed().as_secs_f64();
+            break t;
         }
         ensure!(
             off.elapsed() < Duration::from_secs(400),
@@ -194,7 +264,12 @@ pub(super) fn trial(bench: &Bench, flag: &std::path::Path, sync: Duration) -> Re
         );
         thread::sleep(POLL);
     };
-    Ok(Trial { up, replicas, down })
+    Ok(Trial {
+        up,
+        replicas,
+        down,
+        after_off,
+    })
 }
 
 /// The controller-manager's default `--horizontal-pod-autoscaler-sync-period`.
@@ -228,6 +303,29 @@ fn set_sync(bench: &Bench, sync: Duration) -> Result<()> {
     Ok(())
 }
 
+/// Every poll after load off of every trial, as JSON lines beside the report.
+fn keep_polls(bench: &Bench, results: &[(Duration, Source, Vec<Trial>)]) -> Result<()> {
+    use std::io::Write as _;
+    let path = bench.out.with_extension("hpa.jsonl");
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let mut f = std::io::BufWriter::new(fs::File::create(&path)?);
+    for (sync, source, trials) in results {
+        for (i, t) in trials.iter().enumerate() {
+            for p in &t.after_off {
+                let mut line = p.json();
+                line["source"] = source.name().into();
+                line["sync_s"] = sync.as_secs_f64().into();
+                line["trial"] = (i + 1).into();
+                writeln!(f, "{line}")?;
+            }
+        }
+    }
+    f.flush()?;
+    Ok(())
+}
+
 pub fn run(bench: &mut Bench, trials: usize, syncs: &[Duration]) -> Result<()> {
     let load = bench.dirs.run.join("versus-hpa");
     fs::create_dir_all(&load)?;
@@ -256,12 +354,13 @@ pub fn run(bench: &mut Bench, trials: usize, syncs: &[Duration]) -> Result<()> {
                         format!("{} sync {sync:?} trial {}", source.name(), i + 1)
                     })?;
                     println!(
-                        "versus: HPA on {} (sync {sync:?}): trial {}/{trials}: up after {:.1} s to {}, down after {:.1} s",
+                        "versus: HPA on {} (sync {sync:?}): trial {}/{trials}: up after {:.1} s to {}, down after {:.1} s ({})",
                         source.name(),
                         i + 1,
                         t.up,
                         t.replicas,
-                        t.down
+                        t.down,
+                        down_path(&t.after_off),
                     );
                     v.push(t);
                 }
@@ -314,6 +413,23 @@ pub fn run(bench: &mut Bench, trials: usize, syncs: &[Duration]) -> Result<()> {
             percentile(&mut down, 1.0),
         );
     }
+    let _ = writeln!(
+        out,
+        "\nScale-down, every trial: `desiredReplicas` from load off (→ new value @ seconds          after load off); each poll's status and reasons are in `{}`.\n",
+        bench.out.with_extension("hpa.jsonl").display()
+    );
+    for (sync, source, v) in &results {
+        let _ = writeln!(
+            out,
+            "- {sync:?}, {}: {}",
+            source.name(),
+            v.iter()
+                .map(|t| down_path(&t.after_off))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+    keep_polls(bench, &results)?;
     bench.section(&out);
     match failure {
         Some(e) => Err(e),

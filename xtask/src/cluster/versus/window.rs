@@ -290,12 +290,20 @@ pub fn run(
     for (setting, trials, f) in &mut results {
         let mut up: Vec<f64> = trials.iter().map(|t| t.up).collect();
         let every = joined(trials.iter(), |t| format!("{:.1}", t.up));
+        // No step trials (`--hpa-trials 0`): no figures rather than NaN.
+        let secs = |v: f64| {
+            if v.is_nan() {
+                "–".to_string()
+            } else {
+                format!("{v:.1} s")
+            }
+        };
         let _ = writeln!(
             out,
-            "| {} | {:.1} s | {:.1} s | {every} | {} ({}) | {} | {:.2} | {:.0} / {:.0} / {:.0} % | {} |",
+            "| {} | {} | {} | {every} | {} ({}) | {} | {:.2} | {:.0} / {:.0} / {:.0} % | {} |",
             setting.name(),
-            percentile(&mut up, 0.5),
-            percentile(&mut up, 1.0),
+            secs(percentile(&mut up, 0.5)),
+            secs(percentile(&mut up, 1.0)),
             f.rescales,
             joined(&f.per_phase, ToString::to_string),
             f.max_replicas,

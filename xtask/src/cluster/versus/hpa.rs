@@ -156,7 +156,7 @@ pub(super) struct Trial {
 /// One poll of the HPA's status: what it wanted, had, saw, and why.
 #[derive(Clone, Debug)]
 pub(super) struct Poll {
-    /// Seconds since the load was switched on or off.
+    /// Seconds since the load was switched off.
     pub t: f64,
     pub desired: i64,
     pub current: i64,
@@ -195,7 +195,7 @@ impl Poll {
         }
     }
 
-    pub fn json(&self) -> Value {
+    fn json(&self) -> Value {
         serde_json::json!({
             "t": self.t, "desired": self.desired, "current": self.current,
             "utilisation": self.utilisation, "why": self.why,
@@ -306,11 +306,7 @@ fn set_sync(bench: &Bench, sync: Duration) -> Result<()> {
 /// Every poll after load off of every trial, as JSON lines beside the report.
 fn keep_polls(bench: &Bench, results: &[(Duration, Source, Vec<Trial>)]) -> Result<()> {
     use std::io::Write as _;
-    let path = bench.out.with_extension("hpa.jsonl");
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir)?;
-    }
-    let mut f = std::io::BufWriter::new(fs::File::create(&path)?);
+    let mut f = bench.raw_file("hpa")?;
     for (sync, source, trials) in results {
         for (i, t) in trials.iter().enumerate() {
             for p in &t.after_off {
@@ -415,8 +411,9 @@ pub fn run(bench: &mut Bench, trials: usize, syncs: &[Duration]) -> Result<()> {
     }
     let _ = writeln!(
         out,
-        "\nScale-down, every trial: `desiredReplicas` from load off (→ new value @ seconds          after load off); each poll's status and reasons are in `{}`.\n",
-        bench.out.with_extension("hpa.jsonl").display()
+        "\nScale-down, every trial: `desiredReplicas` from load off (→ new value @ seconds \
+         after load off); each poll's status and reasons are in `{}`.\n",
+        bench.raw_path("hpa").display()
     );
     for (sync, source, v) in &results {
         let _ = writeln!(

@@ -192,6 +192,22 @@ impl Bench {
         Ok(())
     }
 
+    /// Where a part's raw data goes: `<report>.<part>.jsonl`.
+    pub fn raw_path(&self, part: &str) -> PathBuf {
+        self.out.with_extension(format!("{part}.jsonl"))
+    }
+
+    /// [`Self::raw_path`], created (with its directory) for writing.
+    pub fn raw_file(&self, part: &str) -> Result<std::io::BufWriter<fs::File>> {
+        let path = self.raw_path(part);
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir)?;
+        }
+        Ok(std::io::BufWriter::new(
+            fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))?,
+        ))
+    }
+
     /// Writes every answer and every counter read of a part beside the report, as JSON
     /// lines (`<report>.<part>.jsonl`), for a second look at the figures.
     pub fn keep_raw(
@@ -201,11 +217,8 @@ impl Bench {
         series: &[(&str, &truth::Series)],
     ) -> Result<()> {
         use std::io::Write as _;
-        let path = self.out.with_extension(format!("{part}.jsonl"));
-        if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir)?;
-        }
-        let mut f = std::io::BufWriter::new(fs::File::create(&path)?);
+        let path = self.raw_path(part);
+        let mut f = self.raw_file(part)?;
         for source in Source::ALL {
             for o in seen.of(source) {
                 let line = match &o.points {

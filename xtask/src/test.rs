@@ -18,7 +18,7 @@
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 use crate::{build_ebpf, cluster, exec, vm};
 
@@ -95,11 +95,9 @@ pub fn run(opts: &Options) -> Result<()> {
     passed += 1;
 
     let t = stage("host tests (unit tests; accuracy on this kernel)");
-    exec::run(
-        cargo()
-            .current_dir(&root)
-            .args(["build", "-p", "kpulse-agent", "--bins"]),
-    )?;
+    // The agent's integration tests make Cargo build `target/debug/kpulse-agent`, which the
+    // VM stage copies into its guests; a separate `cargo build -p kpulse-agent` first would
+    // compile about twenty crates twice, with the agent's features instead of the workspace's.
     exec::run(cargo().current_dir(&root).args([
         "test",
         "--workspace",
@@ -119,6 +117,11 @@ pub fn run(opts: &Options) -> Result<()> {
             tests.push((name, test_executable(&root, "kpulse-agent", name)?));
         }
         let agent = root.join("target/debug/kpulse-agent");
+        ensure!(
+            agent.is_file(),
+            "{} is missing: the host tests should have built it",
+            agent.display()
+        );
         let kernels: Vec<vm::Kernel> = if opts.kernels.is_empty() {
             vm::Kernel::all().to_vec()
         } else {

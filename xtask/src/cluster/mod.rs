@@ -629,15 +629,10 @@ fn teardown(dirs: &Dirs) -> Vec<String> {
     host::teardown(dirs)
 }
 
-/// The cluster's `crictl` (of the release that is up, or the newest).
+/// The cluster's `crictl` (one build for every release).
 pub(crate) fn crictl(dirs: &Dirs) -> PathBuf {
-    dirs.build.join(format!(
-        "crictl-{}/bin/crictl",
-        fs::read_to_string(dirs.state.join("release"))
-            .ok()
-            .and_then(|v| versions::release(v.trim()))
-            .map_or(versions::RELEASES[0].cri_tools, |r| r.cri_tools)
-    ))
+    dirs.build
+        .join(format!("crictl-{}/bin/crictl", versions::CRI_TOOLS))
 }
 
 fn down() -> Result<()> {

@@ -16,8 +16,6 @@ pub struct Release {
     /// `github.com/containerd/containerd/v2`: a containerd release that supports this
     /// Kubernetes release (containerd's RELEASES.md).
     pub containerd: &'static str,
-    /// `sigs.k8s.io/cri-tools` (`crictl`), same minor as Kubernetes where served.
-    pub cri_tools: &'static str,
     /// `github.com/opencontainers/runc`: the one this containerd release tests with (its
     /// `script/setup/runc-version`). Debian 12's runc 1.1.5 cannot start containerd 2.x's
     /// pod sandboxes ("can't get final child's PID from pipe: EOF").
@@ -41,20 +39,22 @@ pub const RELEASES: [Release; 2] = [
         kubernetes: "1.37.2",
         etcd: "3.7.3",
         containerd: "2.4.2",
-        cri_tools: "1.37.0",
         runc: "1.5.2",
     },
     Release {
         kubernetes: "1.34.4",
         etcd: "3.6.16",
         containerd: "2.2.9",
-        cri_tools: "1.34.0",
         runc: "1.3.6",
     },
 ];
 
 /// `github.com/containernetworking/plugins`: bridge, host-local, loopback.
 pub const CNI_PLUGINS: &str = "1.10.0";
+/// `sigs.k8s.io/cri-tools` (`crictl`): a CRI client the checks and benchmarks use, not a part
+/// of the cluster. It speaks CRI v1, which every pinned containerd serves, so one build
+/// serves both releases (a second one cost 65 s of a cold CI run).
+pub const CRI_TOOLS: &str = "1.37.0";
 /// `github.com/coredns/coredns`: the cluster's DNS.
 pub const COREDNS: &str = "1.15.0";
 /// `sigs.k8s.io/metrics-server`: what kpulse replaces, for the migration and comparisons.

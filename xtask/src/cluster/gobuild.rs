@@ -388,16 +388,9 @@ pub fn build(component: &Component, build_root: &Path) -> Result<()> {
     let _ = fs::remove_file(&stamp);
     fs::write(dir.join("go.mod"), &generated)
         .with_context(|| format!("cannot write {}", dir.join("go.mod").display()))?;
-    let main_go = dir.join("main.go");
-    match component.main_go {
-        Some(text) => fs::write(&main_go, text)
-            .with_context(|| format!("cannot write {}", main_go.display()))?,
-        None => {
-            if main_go.exists() {
-                fs::remove_file(&main_go)
-                    .with_context(|| format!("cannot remove {}", main_go.display()))?;
-            }
-        }
+    if let Some(text) = component.main_go {
+        let main_go = dir.join("main.go");
+        fs::write(&main_go, text).with_context(|| format!("cannot write {}", main_go.display()))?;
     }
     let started = Instant::now();
     println!(

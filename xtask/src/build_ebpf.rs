@@ -1027,13 +1027,24 @@ fn build(root: &Path, tools: &Tools, linker: &Path, release: bool) -> Result<Pat
     let object = root.join(OBJECT);
     let dir = object.parent().context("object path has no directory")?;
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    // Write beside it and rename, so a concurrent agent build never embeds half an object.
-    let partial = object.with_extension("o.partial");
-    fs::write(&partial, &bytes).with_context(|| format!("writing {}", partial.display()))?;
-    fs::rename(&partial, &object)
-        .with_context(|| format!("renaming {} to {}", partial.display(), object.display()))?;
+    // The agent's build script watches the object (and its directory): an unchanged object
+    // is left as it is, so that a second `build-ebpf` (the cluster build runs one beside the
+    // host tests) does not make Cargo rebuild the agent.
+    let unchanged = fs::read(&object).is_ok_and(|old| old == bytes);
+    if !unchanged {
+        // Write beside it and rename, so a concurrent agent build never embeds half an object.
+        let partial = object.with_extension("o.partial");
+        fs::write(&partial, &bytes).with_context(|| format!("writing {}", partial.display()))?;
+        fs::rename(&partial, &object)
+            .with_context(|| format!("renaming {} to {}", partial.display(), object.display()))?;
+    }
     println!(
-        "wrote {OBJECT}: {} bytes ({:.1} KiB), {} sections, with .BTF{}",
+        "{} {OBJECT}: {} bytes ({:.1} KiB), {} sections, with .BTF{}",
+        if unchanged {
+            "kept (unchanged)"
+        } else {
+            "wrote"
+        },
         bytes.len(),
         bytes.len() as f64 / 1024.0,
         sections.len(),

@@ -85,6 +85,10 @@ pub struct BuildOptions {
     /// Kubernetes version (minor or full).
     #[arg(long, default_value = versions::RELEASES[0].kubernetes)]
     kubernetes: String,
+    /// Only the release's Go components, not the images (they are the same for every
+    /// release; `cargo xtask test` builds them once, with the first release).
+    #[arg(long)]
+    components_only: bool,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
@@ -108,7 +112,12 @@ pub fn run(opts: &Options) -> Result<()> {
             let release = release(&o.kubernetes)?;
             let root = crate::vm::workspace_root()?;
             preflight()?;
-            build_all(&root, &Dirs::new(&root), &release).map(|_| ())
+            let dirs = Dirs::new(&root);
+            if o.components_only {
+                build_components(&dirs, &release).map(|_| ())
+            } else {
+                build_all(&root, &dirs, &release).map(|_| ())
+            }
         }
     }
 }
@@ -140,7 +149,7 @@ const DEBIAN_PACKAGES: [(&str, &str); 9] = [
 ];
 
 /// Root, and the Debian packages (installed with apt when missing).
-fn preflight() -> Result<()> {
+pub(crate) fn preflight() -> Result<()> {
     let uid = crate::exec::output(Command::new("id").arg("-u"))?;
     ensure!(uid.trim() == "0", "cargo xtask cluster needs root");
     let missing: Vec<&str> = DEBIAN_PACKAGES
@@ -189,14 +198,23 @@ impl Built {
     }
 }
 
-fn build_all(root: &Path, dirs: &Dirs, release: &versions::Release) -> Result<Built> {
-    let started = Instant::now();
+/// Builds (or finds built) the release's Go components: Kubernetes, then the others.
+fn build_components(
+    dirs: &Dirs,
+    release: &versions::Release,
+) -> Result<(gobuild::Component, Vec<gobuild::Component>)> {
     let kube = gobuild::kubernetes(release);
     gobuild::build(&kube, &dirs.build)?;
     let others = gobuild::node_components(release);
     for c in &others {
         gobuild::build(c, &dirs.build)?;
     }
+    Ok((kube, others))
+}
+
+fn build_all(root: &Path, dirs: &Dirs, release: &versions::Release) -> Result<Built> {
+    let started = Instant::now();
+    let (kube, others) = build_components(dirs, release)?;
     let find = |name: &str| -> Result<&gobuild::Component> {
         others
             .iter()

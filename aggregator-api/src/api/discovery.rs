@@ -1,5 +1,5 @@
-//! Discovery and OpenAPI documents of `metrics.k8s.io`, and the `Accept` negotiation that
-//! picks one. Discovery bodies are byte for byte what metrics-server (k8s.io/apiserver 1.36)
+//! Discovery and OpenAPI documents of `metrics.k8s.io`; [`super::negotiate`] picks which
+//! one a request's `Accept` gets. Discovery bodies are byte for byte what metrics-server (k8s.io/apiserver 1.36)
 //! sends; the OpenAPI documents follow k8s.io/kube-openapi's structure, field order, hashing
 //! and escaping, with descriptions of our own.
 //!
@@ -15,9 +15,9 @@
 //! | `GET /apis` | [`Discovery::apis`]: aggregated discovery or `APIGroupList` by `Accept` |
 //! | `GET /apis/metrics.k8s.io` | [`Discovery::group`] |
 //! | `GET /apis/metrics.k8s.io/{v1,v1beta1}` | [`Discovery::resources`] |
-//! | `GET /openapi/v2` | [`Discovery::openapi_v2`] if [`openapi_accepts_json`] |
+//! | `GET /openapi/v2` | [`Discovery::openapi_v2`] if [`negotiate::openapi_accepts_json`] |
 //! | `GET /openapi/v3` | [`Discovery::openapi_v3_index`] |
-//! | `GET /openapi/v3/<path>?hash=` | [`Discovery::openapi_v3`] if [`openapi_accepts_json`] |
+//! | `GET /openapi/v3/<path>?hash=` | [`Discovery::openapi_v3`] if [`negotiate::openapi_accepts_json`] |
 //!
 //! # Who asks
 //!
@@ -83,13 +83,14 @@
 //!   kube-apiserver's; alpha fields (`ListOptions.shardSelector`, `ListMeta.shardInfo`) and
 //!   the yaml/protobuf media types are left out. kube-aggregator renames definitions that
 //!   differ from its own (`..._v2`), as it already does across Kubernetes versions.
-//! * `Accept` is parsed per RFC 9110 (case-insensitive names, quoted values, `q=0` excluded,
-//!   stable sort by q then specificity) where goautoneg is looser; see [`negotiate_apis`].
+//! * `Accept` is negotiated by the rules every path shares ([`super::negotiate`]: RFC 9110,
+//!   `q=0` excluded, where goautoneg is looser).
 //! * A 406 lists only `application/json`; unknown OpenAPI v3 paths get a 404 (handler3 sends an
 //!   empty 200).
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::negotiate;
 use super::types::{MetricsVersion, GROUP};
 
 /// The served versions of `metrics.k8s.io`, preferred first.
@@ -371,7 +372,7 @@ impl Discovery {
 
     /// `GET /apis` with this `Accept` (empty when absent); `pretty` from [`is_pretty`].
     pub fn apis(&self, accept: &str, pretty: bool) -> Result<Document, NotAcceptable> {
-        let choice = negotiate_apis(accept)?;
+        let choice = negotiate::apis(accept)?;
         let pretty = pretty || choice.pretty;
         Ok(match choice.aggregated {
             Some(version) => self.aggregated(version, pretty),
@@ -381,7 +382,7 @@ impl Discovery {
 
     /// `GET /apis/metrics.k8s.io` with this `Accept`; `pretty` from [`is_pretty`].
     pub fn group(&self, accept: &str, pretty: bool) -> Result<Document, NotAcceptable> {
-        let choice = negotiate_discovery(accept)?;
+        let choice = negotiate::discovery(accept)?;
         Ok(self.api_group(pretty || choice.pretty))
     }
 
@@ -392,7 +393,7 @@ impl Discovery {
         accept: &str,
         pretty: bool,
     ) -> Result<Document, NotAcceptable> {
-        let choice = negotiate_discovery(accept)?;
+        let choice = negotiate::discovery(accept)?;
         Ok(self.api_resource_list(version, pretty || choice.pretty))
     }
 
@@ -452,7 +453,7 @@ impl Discovery {
         document
     }
 
-    /// `GET /openapi/v2` (JSON; check [`openapi_accepts_json`] first).
+    /// `GET /openapi/v2` (JSON; check [`negotiate::openapi_accepts_json`] first).
     pub fn openapi_v2(&self) -> &Document {
         &self.openapi_v2
     }
@@ -591,10 +592,6 @@ fn aggregated_items(options: &Options, version: Option<Version>) -> Json {
     obj(list)
 }
 
-// ---------------------------------------------------------------------------------------
-// Accept negotiation
-// ---------------------------------------------------------------------------------------
-
 /// Outcome of negotiating `GET /apis`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ApisChoice {
@@ -609,240 +606,6 @@ pub struct ApisChoice {
 pub struct JsonChoice {
     /// The chosen media range carried `pretty=1`.
     pub pretty: bool,
-}
-
-/// One media range of an `Accept` header.
-#[derive(Clone, Debug, PartialEq)]
-struct MediaRange {
-    kind: String,
-    subtype: String,
-    q: f32,
-    params: Vec<(String, String)>,
-}
-
-impl MediaRange {
-    fn param(&self, name: &str) -> Option<&str> {
-        self.params
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Go's three match cases for a JSON serializer: exact, `application/*`, `*/*`.
-    fn matches_json(&self) -> bool {
-        (self.kind == "application" && (self.subtype == "json" || self.subtype == "*"))
-            || (self.kind == "*" && self.subtype == "*")
-    }
-
-    fn specificity(&self) -> u8 {
-        u8::from(self.kind != "*") + u8::from(self.subtype != "*")
-    }
-}
-
-/// Parses `Accept` per RFC 9110: comma-separated ranges `type/subtype *( ; name=value )`,
-/// names case-insensitive, values tokens or quoted strings, `q` a weight. Ranges with
-/// `q=0`, an unparsable `q`, a malformed type or a malformed value are dropped; parameters
-/// without `=` are ignored. The rest is sorted, stably, by
-/// weight and then specificity (`*/*` after `application/*` after `application/json`).
-fn parse_accept(header: &str) -> Vec<MediaRange> {
-    let mut ranges = Vec::new();
-    for part in split_unquoted(header, ',') {
-        let mut pieces = split_unquoted(part, ';').into_iter();
-        let Some(media_type) = pieces.next() else {
-            continue;
-        };
-        let Some((kind, subtype)) = media_type.trim().split_once('/') else {
-            continue;
-        };
-        let (kind, subtype) = (kind.trim(), subtype.trim());
-        if !is_token(kind) || !is_token(subtype) || (kind == "*" && subtype != "*") {
-            continue;
-        }
-        let mut range = MediaRange {
-            kind: kind.to_ascii_lowercase(),
-            subtype: subtype.to_ascii_lowercase(),
-            q: 1.0,
-            params: Vec::new(),
-        };
-        let mut valid = true;
-        for piece in pieces {
-            let piece = piece.trim();
-            if piece.is_empty() {
-                continue;
-            }
-            // A parameter without a value cannot ask for anything: ignore it.
-            let Some((name, value)) = piece.split_once('=') else {
-                continue;
-            };
-            let name = name.trim().to_ascii_lowercase();
-            let Some(value) = unquote(value.trim()) else {
-                valid = false;
-                break;
-            };
-            if name == "q" {
-                match value.parse::<f32>() {
-                    Ok(q) if (0.0..=1.0).contains(&q) => range.q = q,
-                    _ => valid = false,
-                }
-            } else if let Some(slot) = range.params.iter_mut().find(|(k, _)| *k == name) {
-                slot.1 = value;
-            } else {
-                range.params.push((name, value));
-            }
-        }
-        if valid && range.q > 0.0 {
-            ranges.push(range);
-        }
-    }
-    // A stable sort keeps the client's order among equals, as clients intend.
-    ranges.sort_by(|a, b| {
-        b.q.total_cmp(&a.q)
-            .then_with(|| b.specificity().cmp(&a.specificity()))
-    });
-    ranges
-}
-
-fn is_token(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
-
-/// Splits at `sep` outside double-quoted strings.
-fn split_unquoted(s: &str, sep: char) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let (mut start, mut quoted, mut escaped) = (0, false, false);
-    for (i, c) in s.char_indices() {
-        if escaped {
-            escaped = false;
-        } else if quoted && c == '\\' {
-            escaped = true;
-        } else if c == '"' {
-            quoted = !quoted;
-        } else if c == sep && !quoted {
-            parts.push(&s[start..i]);
-            start = i + c.len_utf8();
-        }
-    }
-    parts.push(&s[start..]);
-    parts
-}
-
-/// A token as is, or a quoted string without quotes and escapes; `None` if malformed.
-fn unquote(value: &str) -> Option<String> {
-    let Some(inner) = value.strip_prefix('"') else {
-        return is_token(value).then(|| value.to_string());
-    };
-    let inner = inner.strip_suffix('"')?;
-    let mut out = String::with_capacity(inner.len());
-    let mut chars = inner.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => out.push(chars.next()?),
-            '"' => return None,
-            c => out.push(c),
-        }
-    }
-    Some(out)
-}
-
-/// Which conversions an endpoint allows (k8s.io/apiserver's `EndpointRestrictions`).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Restriction {
-    /// Plain objects only: no `g`/`v`/`as` (`DefaultEndpointRestrictions`).
-    Plain,
-    /// Only `as=APIGroupDiscoveryList` in `apidiscovery.k8s.io` (`DiscoveryEndpointRestrictions`).
-    Aggregated,
-}
-
-/// The apiserver's `acceptMediaTypeOptions` for a JSON serializer: `Some((version, pretty))`
-/// when the range is allowed.
-fn accept_options(range: &MediaRange, restriction: Restriction) -> Option<(Option<Version>, bool)> {
-    if let Some(stream) = range.param("stream") {
-        if !stream.is_empty() && stream != "watch" {
-            return None;
-        }
-    }
-    if range.param("sv").is_some_and(|sv| !sv.is_empty()) {
-        return None;
-    }
-    let pretty = range.param("pretty") == Some("1");
-    let (g, v, as_) = (range.param("g"), range.param("v"), range.param("as"));
-    let converts = g.is_some() || v.is_some() || as_.is_some();
-    match restriction {
-        Restriction::Plain => (!converts).then_some((None, pretty)),
-        Restriction::Aggregated => {
-            if g != Some("apidiscovery.k8s.io") || as_ != Some("APIGroupDiscoveryList") {
-                return None;
-            }
-            match v {
-                Some("v2") => Some((Some(Version::V2), pretty)),
-                Some("v2beta1") => Some((Some(Version::V2Beta1), pretty)),
-                _ => None,
-            }
-        }
-    }
-}
-
-fn negotiate(accept: &str, restriction: Restriction) -> Option<(Option<Version>, bool)> {
-    parse_accept(accept)
-        .iter()
-        .filter(|r| r.matches_json())
-        .find_map(|r| accept_options(r, restriction))
-}
-
-/// Negotiates `GET /apis` as k8s.io/apiserver's aggregated-discovery wrapper does: if any
-/// acceptable range asks for `APIGroupDiscoveryList` (v2 or v2beta1) in JSON, the first such
-/// range (by weight) wins, whatever plain ranges precede it; otherwise the first acceptable
-/// plain JSON range gives the `APIGroupList`; otherwise 406. An empty header means JSON.
-///
-/// Ranges asking for protobuf or YAML are skipped (the apiserver would serve those).
-pub fn negotiate_apis(accept: &str) -> Result<ApisChoice, NotAcceptable> {
-    if accept.trim().is_empty() {
-        return Ok(ApisChoice {
-            aggregated: None,
-            pretty: false,
-        });
-    }
-    if let Some((aggregated, pretty)) = negotiate(accept, Restriction::Aggregated) {
-        return Ok(ApisChoice { aggregated, pretty });
-    }
-    match negotiate(accept, Restriction::Plain) {
-        Some((_, pretty)) => Ok(ApisChoice {
-            aggregated: None,
-            pretty,
-        }),
-        None => Err(NotAcceptable),
-    }
-}
-
-/// Negotiates `/apis/metrics.k8s.io` and `/apis/metrics.k8s.io/<version>`: the first
-/// acceptable plain JSON range (no `g`/`v`/`as`), else 406. An empty header means JSON.
-pub fn negotiate_discovery(accept: &str) -> Result<JsonChoice, NotAcceptable> {
-    if accept.trim().is_empty() {
-        return Ok(JsonChoice { pretty: false });
-    }
-    negotiate(accept, Restriction::Plain)
-        .map(|(_, pretty)| JsonChoice { pretty })
-        .ok_or(NotAcceptable)
-}
-
-/// The aggregated discovery version `GET /apis` with this `Accept` gets, or `None` for the
-/// plain `APIGroupList` (or a 406). See [`negotiate_apis`].
-pub fn wants_aggregated_discovery(accept: &str) -> Option<Version> {
-    negotiate_apis(accept).ok().and_then(|c| c.aggregated)
-}
-
-/// Whether `/openapi/v2` or `/openapi/v3...` may answer this `Accept` with JSON (empty
-/// means `*/*`): some range is `application/json`, `application/*` or `*/*`. Otherwise send
-/// 406 with an empty body. (kube-openapi would also serve protobuf; we skip those ranges.)
-pub fn openapi_accepts_json(accept: &str) -> bool {
-    if accept.trim().is_empty() {
-        return true;
-    }
-    parse_accept(accept).iter().any(|r| {
-        (r.kind == "application" || r.kind == "*") && (r.subtype == "json" || r.subtype == "*")
-    })
 }
 
 /// The apiserver's `isPrettyPrint`: `pretty` in the raw query decides when present and
@@ -2964,7 +2727,6 @@ mod tests {
         ];
         let d = discovery();
         for (who, accept, want) in cases {
-            assert_eq!(wants_aggregated_discovery(&accept), want, "{who}: {accept}");
             let doc = d.apis(&accept, false).expect(who);
             match want {
                 Some(v) => assert_eq!(doc.content_type, v.content_type(), "{who}"),
@@ -2980,93 +2742,7 @@ mod tests {
     }
 
     #[test]
-    fn accept_parsing() {
-        let agg = |v: &str, extra: &str| {
-            format!("application/json;g=apidiscovery.k8s.io;v={v};as=APIGroupDiscoveryList{extra}")
-        };
-        let ok = |a: Option<Version>, pretty: bool| {
-            Ok(ApisChoice {
-                aggregated: a,
-                pretty,
-            })
-        };
-        let cases: Vec<(String, Result<ApisChoice, NotAcceptable>)> = vec![
-            (String::new(), ok(None, false)),
-            ("*/*".into(), ok(None, false)),
-            ("application/*".into(), ok(None, false)),
-            ("text/html, application/xhtml+xml, */*;q=0.8".into(), ok(None, false)),
-            // q orders aggregated ranges among themselves.
-            (format!("{};q=0.5, {}", agg("v2beta1", ""), agg("v2", ";q=0.9")), ok(Some(Version::V2), false)),
-            (format!("{}, {};q=0.9", agg("v2beta1", ""), agg("v2", "")), ok(Some(Version::V2Beta1), false)),
-            // Any acceptable aggregated range wins over plain ones, as in the apiserver.
-            (format!("application/json, {}", agg("v2", "")), ok(Some(Version::V2), false)),
-            (format!("application/json;q=1, {}", agg("v2", ";q=0.1")), ok(Some(Version::V2), false)),
-            // q=0 means "not acceptable".
-            (format!("{}, application/json", agg("v2", ";q=0")), ok(None, false)),
-            (agg("v2", ";q=0"), Err(NotAcceptable)),
-            // Unparsable q drops the range.
-            (format!("{}, application/json", agg("v2", ";q=high")), ok(None, false)),
-            // Wildcards and parameters.
-            ("application/*;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList".into(), ok(Some(Version::V2), false)),
-            ("*/*;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList".into(), ok(Some(Version::V2), false)),
-            (agg("v2", ";pretty=1"), ok(Some(Version::V2), true)),
-            ("application/json;pretty=1".into(), ok(None, true)),
-            ("application/json;charset=utf-8".into(), ok(None, false)),
-            (agg("v2", ";profile=nopeer;charset=utf-8"), ok(Some(Version::V2), false)),
-            // RFC 9110: case-insensitive names, optional whitespace, quoted values.
-            ("Application/JSON;G=apidiscovery.k8s.io;V=v2;AS=APIGroupDiscoveryList".into(), ok(Some(Version::V2), false)),
-            ("application/json ; g=apidiscovery.k8s.io ; v=v2 ; as=APIGroupDiscoveryList".into(), ok(Some(Version::V2), false)),
-            (r#"application/json;g="apidiscovery.k8s.io";v="v2";as="APIGroupDiscoveryList""#.into(), ok(Some(Version::V2), false)),
-            (r#"application/json;x="a,b;c", application/yaml"#.into(), ok(None, false)),
-            // Values stay case-sensitive, as in the apiserver.
-            ("application/json;g=apidiscovery.k8s.io;v=V2;as=APIGroupDiscoveryList".into(), Err(NotAcceptable)),
-            // Conversions other than aggregated discovery are refused here.
-            ("application/json;as=Table;v=v1;g=meta.k8s.io".into(), Err(NotAcceptable)),
-            ("application/json;as=Table;v=v1;g=meta.k8s.io, application/json".into(), ok(None, false)),
-            (agg("v3", ""), Err(NotAcceptable)),
-            ("application/json;g=apidiscovery.k8s.io;v=v2".into(), Err(NotAcceptable)),
-            // Streams: only watch; server versions: none.
-            ("application/json;stream=watch".into(), ok(None, false)),
-            ("application/json;stream=other".into(), Err(NotAcceptable)),
-            ("application/json;sv=v1".into(), Err(NotAcceptable)),
-            // Not produced here: YAML, protobuf (the apiserver would serve these).
-            ("application/yaml".into(), Err(NotAcceptable)),
-            ("application/vnd.kubernetes.protobuf".into(), Err(NotAcceptable)),
-            (
-                "application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList, application/json".into(),
-                ok(None, false),
-            ),
-            (
-                format!("application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,{}", agg("v2beta1", "")),
-                ok(Some(Version::V2Beta1), false),
-            ),
-            // Malformed ranges are skipped.
-            ("json, application, */json".into(), Err(NotAcceptable)),
-            (",,application/json,".into(), ok(None, false)),
-            ("application/json;novalue".into(), ok(None, false)),
-            ("application/json;as=Table x".into(), Err(NotAcceptable)),
-        ];
-        for (accept, want) in cases {
-            assert_eq!(negotiate_apis(&accept), want, "Accept: {accept}");
-        }
-    }
-
-    #[test]
-    fn plain_discovery_negotiation() {
-        assert_eq!(negotiate_discovery(""), Ok(JsonChoice { pretty: false }));
-        assert_eq!(
-            negotiate_discovery("application/json, */*"),
-            Ok(JsonChoice { pretty: false })
-        );
-        assert_eq!(
-            negotiate_discovery("application/vnd.kubernetes.protobuf, application/json;pretty=1"),
-            Ok(JsonChoice { pretty: true })
-        );
-        assert_eq!(negotiate_discovery(ACCEPT_V2), Err(NotAcceptable));
-        assert_eq!(
-            negotiate_discovery(&format!("{ACCEPT_V2},{ACCEPT_V1}")),
-            Ok(JsonChoice { pretty: false })
-        );
+    fn plain_discovery_documents() {
         let d = discovery();
         assert_eq!(d.group("application/yaml", false), Err(NotAcceptable));
         assert_eq!(
@@ -3125,27 +2801,6 @@ mod tests {
         assert_eq!(query_value("a=%zz&a=2", "a").as_deref(), Some("2"));
         assert_eq!(query_value("a=1;b=2", "a"), None);
         assert_eq!(query_value("", "a"), None);
-    }
-
-    #[test]
-    fn openapi_accept() {
-        for yes in [
-            "",
-            "application/json",
-            "*/*",
-            "application/*",
-            "application/com.github.proto-openapi.spec.v2@v1.0+protobuf, application/json;q=0.5",
-        ] {
-            assert!(openapi_accepts_json(yes), "{yes}");
-        }
-        for no in [
-            "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
-            "text/html",
-            "application/json;q=0",
-            "*/json",
-        ] {
-            assert!(!openapi_accepts_json(no), "{no}");
-        }
     }
 
     #[test]

@@ -39,7 +39,7 @@ use k8s_openapi::{apimachinery::pkg::apis::meta::v1 as meta, jiff};
 
 use super::{
     discovery::{self, Discovery, Document, NotAcceptable, OpenApiV3},
-    objects, proto,
+    negotiate, objects, proto,
     request::{
         self, ApiError, ApiRequest, Encoding, ErrorEncoding, Rejection, RequestParts, Resource,
         Target, Verb,
@@ -113,7 +113,7 @@ pub fn handle_at<C: Clock + 'static, B>(
             ))
         }
         "/openapi/v2" => {
-            if !discovery::openapi_accepts_json(accept) {
+            if !negotiate::openapi_accepts_json(accept) {
                 return Some(empty(StatusCode::NOT_ACCEPTABLE));
             }
             return Some(document_response(ctx.discovery.openapi_v2(), if_none_match));
@@ -127,7 +127,7 @@ pub fn handle_at<C: Clock + 'static, B>(
         _ => {}
     }
     if let Some(path) = parts.path.strip_prefix("/openapi/v3/") {
-        if !discovery::openapi_accepts_json(accept) {
+        if !negotiate::openapi_accepts_json(accept) {
             return Some(empty(StatusCode::NOT_ACCEPTABLE));
         }
         let hash = discovery::query_value(raw_query, "hash").unwrap_or_default();
@@ -1053,5 +1053,59 @@ mod tests {
         // handle() itself uses the system clock.
         let r = handle(&c, &req("GET", &format!("{V1B1}/nodes/n1"), None)).expect("served");
         assert_eq!(r.status(), 200);
+    }
+
+    #[test]
+    fn every_path_negotiates_by_the_same_rules() {
+        let c = ctx();
+        let paths = [
+            "/apis".to_string(),
+            "/apis/metrics.k8s.io".to_string(),
+            V1B1.to_string(),
+            format!("{V1B1}/nodes"),
+            format!("{V1B1}/nodes/n1"),
+            format!("{V1B1}/namespaces/ns/pods/web"),
+            "/openapi/v2".to_string(),
+        ];
+        // (Accept, the media type of the answer, 406 if none): the same rules everywhere.
+        let cases = [
+            ("application/json;q=0", None),
+            ("text/html", None),
+            ("application/*;q=0, */*", None),
+            ("Application/JSON", Some("application/json")),
+            (
+                "text/html, application/json;q=0.5",
+                Some("application/json"),
+            ),
+            ("*/*", Some("application/json")),
+            ("application/yaml;q=0, */*", Some("application/json")),
+        ];
+        for (accept, media_type) in cases {
+            for path in &paths {
+                let a = call(&c, req("GET", path, Some(accept))).expect("served");
+                let Some(media_type) = media_type else {
+                    assert_eq!(a.status, 406, "{path} with {accept}");
+                    continue;
+                };
+                assert_eq!(a.status, 200, "{path} with {accept}");
+                assert!(
+                    a.header("content-type")
+                        .is_some_and(|t| t.starts_with(media_type)),
+                    "{path} with {accept}"
+                );
+            }
+        }
+        // Where the path has another encoding, refusing JSON (and YAML, which is negotiated
+        // but not written) gets it; where not, 406.
+        let accept = "application/json;q=0, application/yaml;q=0, */*;q=0.1";
+        for path in &paths {
+            let a = call(&c, req("GET", path, Some(accept))).expect("served");
+            if path.contains("/nodes") || path.contains("/pods") {
+                assert_eq!(a.status, 200, "{path}");
+                assert_eq!(a.header("content-type"), Some(proto::MEDIA_TYPE), "{path}");
+            } else {
+                assert_eq!(a.status, 406, "{path}");
+            }
+        }
     }
 }

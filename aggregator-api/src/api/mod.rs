@@ -4,6 +4,7 @@
 
 pub mod discovery;
 pub mod handler;
+pub mod negotiate;
 pub mod objects;
 pub mod proto;
 pub mod request;

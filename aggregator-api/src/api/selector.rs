@@ -1117,7 +1117,7 @@ pub(crate) fn go_parse_int(s: &str) -> Result<i64, IntError> {
 }
 
 /// Go's `sort.Sort` (pattern-defeating quicksort, insertion sort up to 12 elements), ported
-/// so that comparators that are not strict weak orders (goautoneg's) order exactly as in Go.
+/// so that comparators that are not strict weak orders order exactly as in Go.
 /// Ported from Go 1.19's `sort/zsortinterface.go`.
 pub(crate) fn go_sort<T>(data: &mut [T], less: impl Fn(&T, &T) -> bool) {
     let n = data.len();

@@ -14,7 +14,9 @@
 //!   HPA's own status and shown by its events;
 //! - `kubectl rollout restart` of the aggregator-api and then of the agent DaemonSet while a
 //!   reader runs `kubectl top pod -A` and lists PodMetrics every 100 ms: failed calls and
-//!   incomplete lists, counted per rollout (none allowed during the aggregator-api's).
+//!   incomplete lists, counted per rollout (none allowed during the aggregator-api's);
+//! - last, the aggregation layer's failure modes ([`faults`]): the front-proxy and client
+//!   CAs rotated by restarting kube-apiserver, and every aggregator-api replica down.
 //!
 //! Each check prints one line; the run ends with `N passed, N failed`.
 
@@ -28,10 +30,10 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 
-use super::{daemons, host::Dirs, images};
+use super::{daemons, faults, host::Dirs, images};
 
 /// Installed kubectls besides the cluster's own, oldest first.
-fn installed_kubectls() -> Vec<PathBuf> {
+pub(super) fn installed_kubectls() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = (27..=33)
         .map(|m| PathBuf::from(format!("/usr/lib/google-cloud-sdk/bin/kubectl.1.{m}")))
         .filter(|p| p.is_file())
@@ -42,8 +44,8 @@ fn installed_kubectls() -> Vec<PathBuf> {
     v
 }
 
-struct Ctx<'a> {
-    dirs: &'a Dirs,
+pub(super) struct Ctx<'a> {
+    pub(super) dirs: &'a Dirs,
     kubectl: PathBuf,
     only: Option<&'a str>,
     passed: usize,
@@ -51,7 +53,7 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn kubectl_with(&self, bin: &Path) -> Command {
+    pub(super) fn kubectl_with(&self, bin: &Path) -> Command {
         let mut c = Command::new(bin);
         c.arg("--kubeconfig")
             .arg(self.dirs.kubeconfig())
@@ -59,11 +61,11 @@ impl Ctx<'_> {
         c
     }
 
-    fn kubectl(&self) -> Command {
+    pub(super) fn kubectl(&self) -> Command {
         self.kubectl_with(&self.kubectl)
     }
 
-    fn json(&self, args: &[&str]) -> Result<Value> {
+    pub(super) fn json(&self, args: &[&str]) -> Result<Value> {
         let out = crate::exec::output(self.kubectl().args(args).args(["-o", "json"]))?;
         serde_json::from_str(&out).context("kubectl printed no JSON")
     }
@@ -88,7 +90,9 @@ impl Ctx<'_> {
 }
 
 /// Runs every check; fails if any failed.
-pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>) -> Result<()> {
+/// Runs every check; with `faults`, last, the aggregation layer's failure modes
+/// ([`faults`]: they restart kube-apiserver and take kpulse's replicas away).
+pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>, with_faults: bool) -> Result<()> {
     let mut ctx = Ctx {
         dirs,
         kubectl,
@@ -136,7 +140,25 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>) -> Result<()> {
             ctx.record(&name, r);
         }
     }
-    for (name, check) in std::iter::once(own_kubectl).chain(last) {
+    let failure_modes: [(&str, Check); 3] = [
+        (
+            "the front-proxy CA rotated with a kube-apiserver restart",
+            faults::front_proxy_rotation,
+        ),
+        (
+            "the client CA rotated with a kube-apiserver restart",
+            faults::client_ca_rotation,
+        ),
+        (
+            "every aggregator-api replica down, then back",
+            faults::every_replica_down,
+        ),
+    ];
+    let failure_modes = failure_modes.into_iter().filter(|_| with_faults);
+    for (name, check) in std::iter::once(own_kubectl)
+        .chain(last)
+        .chain(failure_modes)
+    {
         if ctx.wants(name) {
             let r = check(&ctx);
             ctx.record(name, r);
@@ -756,7 +778,7 @@ fn read_versions(
 }
 
 /// The PID of a container's first process, from the cluster's `crictl`.
-fn container_pid(ctx: &Ctx<'_>, id: &str) -> Result<u64> {
+pub(super) fn container_pid(ctx: &Ctx<'_>, id: &str) -> Result<u64> {
     let inspect = crate::exec::output(
         Command::new(super::crictl(ctx.dirs))
             .arg("--runtime-endpoint")

@@ -11,8 +11,10 @@
 //! and `kubectl top`. `down`, and any failure of `up`, undo everything ([`host::teardown`]).
 //! What this changes on the machine, and the network's bounds, are in [`host`].
 
+mod bench_discovery;
 mod check;
 mod daemons;
+mod faults;
 mod gobuild;
 mod host;
 mod images;
@@ -53,6 +55,9 @@ enum Action {
     Build(BuildOptions),
     /// Check kpulse on the running cluster with the real clients (after `up --install`).
     Check(CheckOptions),
+    /// Discovery through kube-apiserver, idle and while thousands of simulated nodes stream
+    /// to the installed aggregator-api (after `up --install`).
+    BenchDiscovery(bench_discovery::Options),
 }
 
 #[derive(Debug, clap::Args)]
@@ -97,16 +102,12 @@ pub fn run(opts: &Options) -> Result<()> {
         Action::Down => down(),
         Action::Status => status(),
         Action::Check(o) => {
-            let root = crate::vm::workspace_root()?;
-            let dirs = Dirs::new(&root);
-            let version = fs::read_to_string(dirs.state.join("release"))
-                .context("no cluster is up: cargo xtask cluster up --install")?;
-            let release = release(version.trim())?;
-            check::run(
-                &dirs,
-                gobuild::kubernetes(&release).bin(&dirs.build, "kubectl"),
-                o.only.as_deref(),
-            )
+            let (dirs, kubectl) = running()?;
+            check::run(&dirs, kubectl, o.only.as_deref(), true)
+        }
+        Action::BenchDiscovery(o) => {
+            let (dirs, kubectl) = running()?;
+            bench_discovery::run(o, &dirs, &kubectl)
         }
         Action::Build(o) => {
             let release = release(&o.kubernetes)?;
@@ -120,6 +121,17 @@ pub fn run(opts: &Options) -> Result<()> {
             }
         }
     }
+}
+
+/// The running cluster's directories and its release's kubectl.
+fn running() -> Result<(Dirs, PathBuf)> {
+    let root = crate::vm::workspace_root()?;
+    let dirs = Dirs::new(&root);
+    let version = fs::read_to_string(dirs.state.join("release"))
+        .context("no cluster is up: cargo xtask cluster up --install")?;
+    let release = release(version.trim())?;
+    let kubectl = gobuild::kubernetes(&release).bin(&dirs.build, "kubectl");
+    Ok((dirs, kubectl))
 }
 
 pub(crate) fn release(want: &str) -> Result<versions::Release> {
@@ -689,10 +701,12 @@ pub fn end_to_end(kubernetes: &str, migrate: bool) -> Result<()> {
         keep_on_failure: false,
     })?;
     let release = release(kubernetes)?;
+    // The failure modes once, on the release installed as the README says.
     let checked = check::run(
         &dirs,
         gobuild::kubernetes(&release).bin(&dirs.build, "kubectl"),
         None,
+        !migrate,
     );
     let downed = down();
     checked.and(downed)

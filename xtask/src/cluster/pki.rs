@@ -191,6 +191,31 @@ pub fn make(dir: &Path, names: &ApiserverNames<'_>, node: &str, server: &str) ->
     })
 }
 
+/// A new CA (CN = `ca_stem`) and one client certificate it signs, written to `dir` as
+/// `<ca_stem>.{crt,key}` and `<client_stem>.{crt,key}`: what a rotation brings in
+/// (`cluster check`'s rotations of the front-proxy and client CAs).
+pub fn ca_and_client(
+    dir: &Path,
+    ca_stem: &str,
+    client_stem: &str,
+    client_cn: &str,
+    organization: Option<&str>,
+) -> Result<(Pair, Pair)> {
+    let now = OffsetDateTime::now_utc();
+    let (ca, issuer) = new_ca(dir, ca_stem, ca_stem, now)?;
+    let client = leaf(
+        dir,
+        client_stem,
+        &issuer,
+        client_cn,
+        organization,
+        Vec::new(),
+        ExtendedKeyUsagePurpose::ClientAuth,
+        now,
+    )?;
+    Ok((ca, client))
+}
+
 fn new_ca(
     dir: &Path,
     stem: &str,

@@ -2250,13 +2250,8 @@ mod tests {
     use serde::Deserialize;
     use serde_json::Value;
 
-    // client-go discovery constants (discovery/discovery_client.go).
-    const ACCEPT_V1: &str = "application/json";
-    const ACCEPT_V2BETA1: &str =
-        "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
-    const ACCEPT_V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
-    const ACCEPT_V2_NOPEER: &str =
-        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer";
+    // client-go's discovery constants and the real clients' headers.
+    use crate::api::negotiate::tests::{discovery_client_accepts, ACCEPT_V2};
 
     fn discovery() -> Discovery {
         Discovery::new(Options::default())
@@ -2676,55 +2671,7 @@ mod tests {
 
     #[test]
     fn kubectl_and_aggregator_accept_headers() {
-        let v2_v2beta1_v1 = format!("{ACCEPT_V2},{ACCEPT_V2BETA1},{ACCEPT_V1}");
-        let cases: Vec<(&str, String, Option<Version>)> = vec![
-            // client-go 0.27–0.29: acceptDiscoveryFormats = AcceptV2Beta1 + "," + AcceptV1.
-            (
-                "kubectl 1.27",
-                format!("{ACCEPT_V2BETA1},{ACCEPT_V1}"),
-                Some(Version::V2Beta1),
-            ),
-            (
-                "kubectl 1.28",
-                format!("{ACCEPT_V2BETA1},{ACCEPT_V1}"),
-                Some(Version::V2Beta1),
-            ),
-            (
-                "kubectl 1.29",
-                format!("{ACCEPT_V2BETA1},{ACCEPT_V1}"),
-                Some(Version::V2Beta1),
-            ),
-            // client-go 0.30+: AcceptV2 + "," + AcceptV2Beta1 + "," + AcceptV1.
-            ("kubectl 1.30", v2_v2beta1_v1.clone(), Some(Version::V2)),
-            ("kubectl 1.31", v2_v2beta1_v1.clone(), Some(Version::V2)),
-            ("kubectl 1.32", v2_v2beta1_v1.clone(), Some(Version::V2)),
-            ("kubectl 1.33", v2_v2beta1_v1.clone(), Some(Version::V2)),
-            // client-go 0.35+ with NoPeerDiscovery.
-            (
-                "client-go nopeer",
-                format!("{ACCEPT_V2_NOPEER},{v2_v2beta1_v1}"),
-                Some(Version::V2),
-            ),
-            // UseLegacyDiscovery, and kube-aggregator's per-version fallback.
-            ("legacy", ACCEPT_V1.to_string(), None),
-            // kube-aggregator 1.26–1.29 (handler_discovery.go).
-            (
-                "aggregator 1.26",
-                ACCEPT_V2BETA1.to_string(),
-                Some(Version::V2Beta1),
-            ),
-            (
-                "aggregator 1.29",
-                ACCEPT_V2BETA1.to_string(),
-                Some(Version::V2Beta1),
-            ),
-            // kube-aggregator 1.30–1.36: AcceptV2 + "," + AcceptV2Beta1, no plain fallback.
-            (
-                "aggregator 1.30+",
-                format!("{ACCEPT_V2},{ACCEPT_V2BETA1}"),
-                Some(Version::V2),
-            ),
-        ];
+        let cases = discovery_client_accepts();
         let d = discovery();
         for (who, accept, want) in cases {
             let doc = d.apis(&accept, false).expect(who);

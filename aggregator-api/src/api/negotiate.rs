@@ -395,14 +395,15 @@ pub fn openapi_accepts_json(accept: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     // client-go discovery constants (discovery/discovery_client.go).
     const ACCEPT_V1: &str = "application/json";
     const ACCEPT_V2BETA1: &str =
         "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
-    const ACCEPT_V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+    pub(crate) const ACCEPT_V2: &str =
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
     const ACCEPT_V2_NOPEER: &str =
         "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer";
 
@@ -563,10 +564,12 @@ mod tests {
         }
     }
 
-    #[test]
-    fn kubectl_and_aggregator_accept_headers() {
+    /// The `Accept` headers of the real discovery clients (client-go's and kube-aggregator's
+    /// constants), with the aggregated discovery version each must get (`None`: the plain
+    /// `APIGroupList`). Also used by discovery's tests of the documents served.
+    pub(crate) fn discovery_client_accepts() -> Vec<(&'static str, String, Option<Version>)> {
         let v2_v2beta1_v1 = format!("{ACCEPT_V2},{ACCEPT_V2BETA1},{ACCEPT_V1}");
-        let cases: Vec<(&str, String, Option<Version>)> = vec![
+        vec![
             // client-go 0.27–0.29: acceptDiscoveryFormats = AcceptV2Beta1 + "," + AcceptV1.
             (
                 "kubectl 1.27–1.29",
@@ -595,7 +598,12 @@ mod tests {
                 format!("{ACCEPT_V2},{ACCEPT_V2BETA1}"),
                 Some(Version::V2),
             ),
-        ];
+        ]
+    }
+
+    #[test]
+    fn kubectl_and_aggregator_accept_headers() {
+        let cases = discovery_client_accepts();
         for (who, accept, want) in cases {
             assert_eq!(wants_aggregated_discovery(&accept), want, "{who}: {accept}");
         }

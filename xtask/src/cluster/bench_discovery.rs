@@ -114,14 +114,7 @@ impl Kubectl<'_> {
     /// them from one address (the simulated nodes share this machine's; real agents each
     /// have their pod's, and the default limit of 1,024 connections per address stays).
     fn add_agents_ca(&self, pki: &Pki, nodes: usize) -> Result<()> {
-        let _ = self.run(&[
-            "-n",
-            NAMESPACE,
-            "delete",
-            "secret",
-            SECRET,
-            "--ignore-not-found",
-        ]);
+        self.delete_secret()?;
         crate::exec::output(
             self.cmd()
                 .args(["-n", NAMESPACE, "create", "secret", "generic", SECRET])
@@ -177,15 +170,19 @@ impl Kubectl<'_> {
             self.run(&["-n", NAMESPACE, "rollout", "undo", DEPLOYMENT])?;
             self.rollout_status()?;
         }
-        self.run(&[
+        self.delete_secret()
+    }
+
+    fn delete_secret(&self) -> Result<()> {
+        let args = [
             "-n",
             NAMESPACE,
             "delete",
             "secret",
             SECRET,
             "--ignore-not-found",
-        ])?;
-        Ok(())
+        ];
+        self.run(&args).map(drop)
     }
 
     /// Every ready replica's `podIP:8444`.

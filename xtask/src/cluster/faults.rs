@@ -195,6 +195,26 @@ fn restart_apiserver(ctx: &Ctx<'_>, flags: &[(&str, &Path)]) -> Result<()> {
     Ok(())
 }
 
+/// Restarts kube-apiserver with `flags` and waits for its `/readyz`, then for `pem` in the
+/// ConfigMap's `key`: the two moments.
+fn restart_and_publish(
+    ctx: &Ctx<'_>,
+    flags: &[(&str, &Path)],
+    key: &str,
+    pem: &str,
+) -> Result<(Instant, Instant)> {
+    restart_apiserver(ctx, flags)?;
+    let ready = wait_until("kube-apiserver /readyz", RESTART_TIMEOUT, || {
+        apiserver_ready(ctx)
+    })?;
+    let published = wait_until(
+        &format!("the new CA in extension-apiserver-authentication's {key}"),
+        FOLLOW_TIMEOUT,
+        || Ok(auth_configmap(ctx, key)?.contains(pem.trim())),
+    )?;
+    Ok((ready, published))
+}
+
 /// A key of `kube-system/extension-apiserver-authentication`.
 fn auth_configmap(ctx: &Ctx<'_>, key: &str) -> Result<String> {
     let v = ctx.json(&[
@@ -359,26 +379,17 @@ pub(super) fn front_proxy_rotation(ctx: &Ctx<'_>) -> Result<String> {
     let (times, reads) = reading(
         || top_node(ctx),
         || {
-            restart_apiserver(
+            // kube-apiserver adds its CA to the ConfigMap's and keeps the ones there (so that
+            // the apiservers of a rolling upgrade trust each other): both are trusted now.
+            let (ready, published) = restart_and_publish(
                 ctx,
                 &[
                     ("requestheader-client-ca-file", &ca.cert),
                     ("proxy-client-cert-file", &client.cert),
                     ("proxy-client-key-file", &client.key),
                 ],
-            )?;
-            let ready = wait_until("kube-apiserver /readyz", RESTART_TIMEOUT, || {
-                apiserver_ready(ctx)
-            })?;
-            // kube-apiserver adds its CA to the ConfigMap's and keeps the ones there (so that
-            // the apiservers of a rolling upgrade trust each other): both are trusted now.
-            let published = wait_until(
-                "the new front-proxy CA in extension-apiserver-authentication",
-                FOLLOW_TIMEOUT,
-                || {
-                    Ok(auth_configmap(ctx, "requestheader-client-ca-file")?
-                        .contains(ca.cert_pem.trim()))
-                },
+                "requestheader-client-ca-file",
+                &ca.cert_pem,
             )?;
             let kept_old =
                 auth_configmap(ctx, "requestheader-client-ca-file")?.contains(old_ca.trim());
@@ -500,14 +511,11 @@ pub(super) fn client_ca_rotation(ctx: &Ctx<'_>) -> Result<String> {
     let ((ready, published, followed), reads) = reading(
         || top_node(ctx),
         || {
-            restart_apiserver(ctx, &[("client-ca-file", &bundle)])?;
-            let ready = wait_until("kube-apiserver /readyz", RESTART_TIMEOUT, || {
-                apiserver_ready(ctx)
-            })?;
-            let published = wait_until(
-                "the new client CA in extension-apiserver-authentication",
-                FOLLOW_TIMEOUT,
-                || Ok(auth_configmap(ctx, "client-ca-file")?.contains(ca.cert_pem.trim())),
+            let (ready, published) = restart_and_publish(
+                ctx,
+                &[("client-ca-file", &bundle)],
+                "client-ca-file",
+                &ca.cert_pem,
             )?;
             let followed = wait_until(
                 "every replica trusting the new client CA and still the old",
@@ -584,56 +592,63 @@ fn apply_json(ctx: &Ctx<'_>, name: &str, json: &str) -> Result<()> {
     Ok(())
 }
 
+/// A list's items.
+fn items(v: &Value) -> impl Iterator<Item = &Value> {
+    v["items"].as_array().into_iter().flatten()
+}
+
+/// `namespace/name`, or `name` for a cluster-scoped object.
+fn key(o: &Value) -> Option<String> {
+    let name = o["metadata"]["name"].as_str()?;
+    Some(match o["metadata"]["namespace"].as_str() {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_string(),
+    })
+}
+
 /// Nodes and running pods (outside kpulse-system) a complete answer lists.
 fn expected_sets(ctx: &Ctx<'_>) -> Result<(BTreeSet<String>, BTreeSet<String>)> {
-    let names = |v: Value, namespaced: bool| -> BTreeSet<String> {
-        v["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|o| o["metadata"]["deletionTimestamp"].is_null())
-            .filter(|o| !namespaced || o["metadata"]["namespace"] != NAMESPACE)
-            .filter_map(|o| {
-                let name = o["metadata"]["name"].as_str()?;
-                Some(if namespaced {
-                    format!("{}/{name}", o["metadata"]["namespace"].as_str()?)
-                } else {
-                    name.to_string()
-                })
-            })
-            .collect()
-    };
-    let nodes = names(ctx.json(&["get", "nodes"])?, false);
-    let pods = names(
-        ctx.json(&["get", "pods", "-A", "--field-selector=status.phase=Running"])?,
-        true,
-    );
+    let nodes = items(&ctx.json(&["get", "nodes"])?)
+        .filter_map(key)
+        .collect();
+    let pods = items(&ctx.json(&["get", "pods", "-A", "--field-selector=status.phase=Running"])?)
+        .filter(|o| o["metadata"]["deletionTimestamp"].is_null())
+        .filter(|o| o["metadata"]["namespace"] != NAMESPACE)
+        .filter_map(key)
+        .collect();
     Ok((nodes, pods))
 }
 
 /// Nodes and pods missing from one NodeMetrics and one PodMetrics list.
 fn missing(ctx: &Ctx<'_>, nodes: &BTreeSet<String>, pods: &BTreeSet<String>) -> Result<usize> {
-    let (listed_nodes, listed_pods) = (
-        ctx.json(&["get", "nodemetrics"])?,
-        ctx.json(&["get", "podmetrics", "-A"])?,
-    );
-    let listed = |v: &Value, namespaced: bool| -> BTreeSet<String> {
-        v["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|o| {
-                let name = o["metadata"]["name"].as_str()?;
-                Some(if namespaced {
-                    format!("{}/{name}", o["metadata"]["namespace"].as_str()?)
-                } else {
-                    name.to_string()
-                })
-            })
-            .collect()
+    let listed = |args: &[&str]| -> Result<BTreeSet<String>> {
+        Ok(items(&ctx.json(args)?).filter_map(key).collect())
     };
-    let (ln, lp) = (listed(&listed_nodes, false), listed(&listed_pods, true));
+    let (ln, lp) = (
+        listed(&["get", "nodemetrics"])?,
+        listed(&["get", "podmetrics", "-A"])?,
+    );
     Ok(nodes.difference(&ln).count() + pods.difference(&lp).count())
+}
+
+fn scale_to(ctx: &Ctx<'_>, replicas: u64) -> Result<()> {
+    let replicas = format!("--replicas={replicas}");
+    crate::exec::output(
+        ctx.kubectl()
+            .args(["-n", NAMESPACE, "scale", DEPLOYMENT, &replicas]),
+    )
+    .map(drop)
+}
+
+/// Deletes this check's namespaces, ignoring errors (cleanup).
+fn delete_namespaces(ctx: &Ctx<'_>, wait: &str) {
+    for ns in [DOWN_NS, GC_NS] {
+        let _ = ctx
+            .kubectl()
+            .args(["delete", "namespace", ns, wait, "--ignore-not-found"])
+            .arg("--request-timeout=0")
+            .output();
+    }
 }
 
 pub(super) fn every_replica_down(ctx: &Ctx<'_>) -> Result<String> {
@@ -641,40 +656,12 @@ pub(super) fn every_replica_down(ctx: &Ctx<'_>) -> Result<String> {
         .as_u64()
         .filter(|n| *n > 0)
         .context("the aggregator-api Deployment has no replicas")?;
-    for ns in [DOWN_NS, GC_NS] {
-        let _ = ctx
-            .kubectl()
-            .args([
-                "delete",
-                "namespace",
-                ns,
-                "--wait=true",
-                "--ignore-not-found",
-            ])
-            .arg("--request-timeout=0")
-            .output();
-    }
+    // The namespaces of an earlier run, if any, gone first; this run's after it.
+    delete_namespaces(ctx, "--wait=true");
     let result = replicas_down_and_back(ctx, scale);
-    for ns in [DOWN_NS, GC_NS] {
-        let _ = ctx
-            .kubectl()
-            .args([
-                "delete",
-                "namespace",
-                ns,
-                "--wait=false",
-                "--ignore-not-found",
-            ])
-            .output();
-    }
+    delete_namespaces(ctx, "--wait=false");
     // Whatever happened, kpulse must be back.
-    crate::exec::output(ctx.kubectl().args([
-        "-n",
-        NAMESPACE,
-        "scale",
-        DEPLOYMENT,
-        &format!("--replicas={scale}"),
-    ]))?;
+    scale_to(ctx, scale)?;
     result
 }
 
@@ -720,13 +707,7 @@ fn replicas_down_and_back(ctx: &Ctx<'_>, scale: u64) -> Result<String> {
 
     // Down.
     let t_down = Instant::now();
-    crate::exec::output(ctx.kubectl().args([
-        "-n",
-        NAMESPACE,
-        "scale",
-        DEPLOYMENT,
-        "--replicas=0",
-    ]))?;
+    scale_to(ctx, 0)?;
     let gone = wait_until("every replica gone", RESTART_TIMEOUT, || {
         Ok(
             ctx.json(&["get", "pods", "-n", NAMESPACE, "-l", SELECTOR])?["items"]
@@ -824,13 +805,7 @@ fn replicas_down_and_back(ctx: &Ctx<'_>, scale: u64) -> Result<String> {
 
     // Back.
     let t_back = Instant::now();
-    crate::exec::output(ctx.kubectl().args([
-        "-n",
-        NAMESPACE,
-        "scale",
-        DEPLOYMENT,
-        &format!("--replicas={scale}"),
-    ]))?;
+    scale_to(ctx, scale)?;
     let available = wait_until("Available=True again", RESTART_TIMEOUT, || {
         Ok(availability(ctx)?.iter().all(|(s, _)| s == "True"))
     })?;

@@ -12,6 +12,10 @@ use std::{
 use arc_swap::ArcSwap;
 use rustls::{
     crypto::ring as provider,
+    pki_types::{
+        pem::{self, PemObject as _},
+        CertificateDer, PrivateKeyDer,
+    },
     server::{ClientHello, ResolvesServerCert},
     sign::CertifiedKey,
     SupportedCipherSuite, SupportedProtocolVersion,
@@ -121,7 +125,7 @@ pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsEr
         })
     };
     let cert_pem = read(cert)?;
-    let chain: Vec<_> = rustls_pemfile::certs(&mut cert_pem.as_slice())
+    let chain: Vec<_> = CertificateDer::pem_slice_iter(&cert_pem)
         .collect::<Result<_, _>>()
         .map_err(|e| TlsError::Pem {
             path: cert.to_path_buf(),
@@ -134,15 +138,13 @@ pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsEr
         });
     }
     let key_pem = read(key)?;
-    let der = rustls_pemfile::private_key(&mut key_pem.as_slice())
-        .map_err(|e| TlsError::Pem {
-            path: key.to_path_buf(),
-            reason: e.to_string(),
-        })?
-        .ok_or_else(|| TlsError::Pem {
-            path: key.to_path_buf(),
-            reason: "no PRIVATE KEY block".into(),
-        })?;
+    let der = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::Pem {
+        path: key.to_path_buf(),
+        reason: match e {
+            pem::Error::NoItemsFound => "no PRIVATE KEY block".into(),
+            e => e.to_string(),
+        },
+    })?;
     let signing = provider::sign::any_supported_type(&der)?;
     Ok(CertifiedKey::new(chain, signing))
 }
@@ -284,6 +286,44 @@ mod tests {
         let (c2, _) = src.files().expect("reuse");
         assert_eq!(first, std::fs::read(&c2).expect("cert"));
         load_certified_key(&c, &k).expect("loads");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
+    fn pem_errors_name_the_file_and_what_is_missing() {
+        let dir = std::env::temp_dir().join(format!("kpulse-tls-pem-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let g = rcgen::generate_simple_self_signed(vec!["a.example".to_string()]).expect("gen");
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        let message = |cert_pem: &str, key_pem: &str| {
+            std::fs::write(&cert, cert_pem).expect("cert");
+            std::fs::write(&key, key_pem).expect("key");
+            match load_certified_key(&cert, &key) {
+                Ok(_) => "loaded".to_string(),
+                Err(e) => e.to_string(),
+            }
+        };
+        let (cert_pem, key_pem) = (g.cert.pem(), g.signing_key.serialize_pem());
+        assert_eq!(message(&cert_pem, &key_pem), "loaded");
+        // A key file holding only a certificate, a certificate file without one.
+        let no_key = message(&cert_pem, &cert_pem);
+        assert!(
+            no_key.ends_with("tls.key: no PRIVATE KEY block"),
+            "{no_key}"
+        );
+        let no_cert = message("not PEM at all\n", &key_pem);
+        assert!(
+            no_cert.ends_with("tls.crt: no CERTIFICATE block"),
+            "{no_cert}"
+        );
+        // A block cut short is a PEM error, not "missing".
+        let cut = &key_pem[..key_pem.len() - 30];
+        let truncated = message(&cert_pem, cut);
+        assert!(
+            truncated.contains("tls.key: ") && !truncated.contains("no PRIVATE KEY block"),
+            "{truncated}"
+        );
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 

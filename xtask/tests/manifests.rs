@@ -607,7 +607,8 @@ fn volume<'a>(spec: &'a PodSpec, c: &Container, mount_path: &str) -> &'a Volume 
 }
 
 fn pem_certs(pem: &str) -> Vec<rustls::pki_types::CertificateDer<'static>> {
-    rustls_pemfile::certs(&mut pem.as_bytes())
+    use rustls::pki_types::pem::PemObject as _;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
         .collect::<Result<_, _>>()
         .expect("PEM certificates")
 }
@@ -1021,9 +1022,9 @@ fn serving_certificate_is_valid_for_every_service_and_mounted_where_the_flags_sa
 
     // The key belongs to the certificate.
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let key = rustls_pemfile::private_key(&mut f.tls_key.as_bytes())
-        .expect("PEM")
-        .expect("a key");
+    use rustls::pki_types::pem::PemObject as _;
+    let key =
+        rustls::pki_types::PrivateKeyDer::from_pem_slice(f.tls_key.as_bytes()).expect("a PEM key");
     rustls::sign::CertifiedKey::from_der(pem_certs(&f.tls_crt), key, &provider)
         .expect("tls.key matches tls.crt");
 

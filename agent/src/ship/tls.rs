@@ -9,7 +9,10 @@ use std::{
 use rustls::{
     client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
     crypto::{ring, CryptoProvider},
-    pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime},
+    pki_types::{
+        pem::{self, PemObject as _},
+        CertificateDer, PrivateKeyDer, ServerName, UnixTime,
+    },
     DigitallySignedStruct, SignatureScheme,
 };
 
@@ -121,7 +124,7 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
 
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem = read(path)?;
-    let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<_, _>>()
         .map_err(|e| TlsError::Pem {
             path: path.to_path_buf(),
@@ -138,15 +141,13 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let pem = read(path)?;
-    rustls_pemfile::private_key(&mut pem.as_slice())
-        .map_err(|e| TlsError::Pem {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?
-        .ok_or_else(|| TlsError::Pem {
-            path: path.to_path_buf(),
-            reason: "no PRIVATE KEY block".into(),
-        })
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| TlsError::Pem {
+        path: path.to_path_buf(),
+        reason: match e {
+            pem::Error::NoItemsFound => "no PRIVATE KEY block".into(),
+            e => e.to_string(),
+        },
+    })
 }
 
 /// `--insecure-skip-tls-verify`: any certificate, but the handshake's signatures are still

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use rustls::{
-    pki_types::{CertificateDer, UnixTime},
+    pki_types::{pem::PemObject as _, CertificateDer, UnixTime},
     server::{danger::ClientCertVerifier, WebPkiClientVerifier},
     RootCertStore,
 };
@@ -51,7 +51,7 @@ impl CaBundle {
             what: what.to_string(),
             reason,
         };
-        let certs: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut pem.as_bytes())
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem.as_bytes())
             .collect::<Result<_, _>>()
             .map_err(|e| invalid(e.to_string()))?;
         if certs.is_empty() {

@@ -319,6 +319,7 @@ fn measure(
     let summary_path = dir.join("loadgen.out");
     let mut proc = agents.start(loadgen, pki, &dir.join("loadgen.log"), &summary_path)?;
     let started = Instant::now();
+    // Every node connected (the ramp), then 10 s of steady streaming before measuring.
     stop.sleep(Duration::from_secs(opts.ramp_secs + 10))?;
     proc.check_running()?;
     println!("bench-discovery: streaming phase");

@@ -549,6 +549,9 @@ pub(super) fn client_ca_rotation(ctx: &Ctx<'_>) -> Result<String> {
 
 const DOWN_NS: &str = "kpulse-faults-ns";
 const GC_NS: &str = "kpulse-faults-gc";
+/// How long after deleting a namespace with no replica up its state is read: long enough
+/// for the namespace controller to have tried and given its reason, short for CI.
+const NAMESPACE_LOOK_AFTER: Duration = Duration::from_secs(20);
 
 /// Each APIService's `Available` condition: (status, reason).
 fn availability(ctx: &Ctx<'_>) -> Result<Vec<(String, String)>> {
@@ -765,8 +768,9 @@ fn replicas_down_and_back(ctx: &Ctx<'_>, scale: u64) -> Result<String> {
             .status
             .success())
     });
-    // The namespace controller's view after (at least) 20 s.
-    thread::sleep(Duration::from_secs(20).saturating_sub(t_deleted.elapsed()));
+    // What the namespace controller says of the deleted namespace once it has retried a few
+    // times (its first retries come within milliseconds, then back off).
+    thread::sleep(NAMESPACE_LOOK_AFTER.saturating_sub(t_deleted.elapsed()));
     let ns = ctx
         .kubectl()
         .args(["get", "namespace", DOWN_NS, "-o", "json"])

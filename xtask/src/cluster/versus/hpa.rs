@@ -3,8 +3,8 @@
 //! The same Deployment (`web`: request 100m, limit 200m, spinning while a file exists on
 //! the node, so one loaded pod is at 200 % of its request) and `autoscaling/v2` HPA (CPU
 //! utilisation 50 %, 1–4 replicas, scale-up with the default behaviour, i.e. no
-//! stabilisation; scale-down stabilisation 30 s instead of the default 300 s so that a trial
-//! ends in minutes) are driven by kpulse, then by metrics-server: the
+//! stabilisation, unless `--scale-up-stabilization` sets one for both sources; scale-down
+//! stabilisation 30 s instead of the default 300 s so that a trial ends in minutes) are driven by kpulse, then by metrics-server: the
 //! `v1beta1.metrics.k8s.io` APIService, the version the HPA reads up to 1.37 (`cluster
 //! check` asserts it), is pointed at metrics-server's Service for its trials
 //! (`insecureSkipTLSVerify: true`, as its release manifest has it) and back to kpulse after,
@@ -31,14 +31,41 @@ const POLL: Duration = Duration::from_millis(250);
 /// `web`'s loop: spin while the flag file exists, else sleep.
 const WEB_SCRIPT: &str = "trap 'exit 0' TERM; while :; do if [ -e /v/on ]; then i=0; while [ $i -lt 5000 ]; do i=$((i+1)); done; else sleep 0.1; fi; done";
 
-pub(super) fn manifest(load: &std::path::Path) -> String {
-    workload("web", WEB_SCRIPT, load)
+pub(super) fn manifest(load: &std::path::Path, scale_up: Duration) -> String {
+    workload("web", WEB_SCRIPT, load, scale_up)
+}
+
+/// The HPAs' `behavior`: scale-down stabilisation 30 s; scale-up stabilisation `scale_up`
+/// (zero: the default, none), with the default scale-up policies either way.
+fn behavior(scale_up: Duration) -> Value {
+    let mut b = serde_json::json!({"scaleDown": {"stabilizationWindowSeconds": 30}});
+    if !scale_up.is_zero() {
+        b["scaleUp"] = serde_json::json!({"stabilizationWindowSeconds": scale_up.as_secs()});
+    }
+    b
+}
+
+/// The scale-up behaviour in words, for the reports.
+pub(super) fn describe_scale_up(scale_up: Duration) -> String {
+    if scale_up.is_zero() {
+        "default scale-up behaviour (no stabilisation)".to_string()
+    } else {
+        format!(
+            "scale-up stabilisation {} s (default policies)",
+            scale_up.as_secs()
+        )
+    }
 }
 
 /// A Deployment `name` (request 100m, limit 200m) running `script` in busybox with `load`
 /// mounted at `/v`, and its `autoscaling/v2` HPA: CPU utilisation 50 %, 1–4 replicas,
-/// default scale-up, scale-down stabilisation 30 s.
-pub(super) fn workload(name: &str, script: &str, load: &std::path::Path) -> String {
+/// [`behavior`]`(scale_up)`.
+pub(super) fn workload(
+    name: &str,
+    script: &str,
+    load: &std::path::Path,
+    scale_up: Duration,
+) -> String {
     let command = serde_json::json!(["/bin/sh", "-c", script]);
     format!(
         r#"{{"apiVersion":"v1","kind":"List","items":[
@@ -56,9 +83,10 @@ pub(super) fn workload(name: &str, script: &str, load: &std::path::Path) -> Stri
 "spec":{{"scaleTargetRef":{{"apiVersion":"apps/v1","kind":"Deployment","name":"{name}"}},
 "minReplicas":1,"maxReplicas":4,
 "metrics":[{{"type":"Resource","resource":{{"name":"cpu","target":{{"type":"Utilization","averageUtilization":50}}}}}}],
-"behavior":{{"scaleDown":{{"stabilizationWindowSeconds":30}}}}}}}}]}}"#,
+"behavior":{behavior}}}}}]}}"#,
         image = images::BUSYBOX_IMAGE,
-        load = load.display()
+        load = load.display(),
+        behavior = behavior(scale_up),
     )
 }
 
@@ -322,7 +350,7 @@ fn keep_polls(bench: &Bench, results: &[(Duration, Source, Vec<Trial>)]) -> Resu
     Ok(())
 }
 
-pub fn run(bench: &mut Bench, trials: usize, syncs: &[Duration]) -> Result<()> {
+pub fn run(bench: &mut Bench, trials: usize, syncs: &[Duration], scale_up: Duration) -> Result<()> {
     let load = bench.dirs.run.join("versus-hpa");
     fs::create_dir_all(&load)?;
     let flag = load.join("on");
@@ -332,7 +360,7 @@ pub fn run(bench: &mut Bench, trials: usize, syncs: &[Duration]) -> Result<()> {
         original["spec"]["service"]["namespace"] == "kpulse-system",
         "v1beta1.metrics.k8s.io does not point at kpulse"
     );
-    bench.apply("hpa", &manifest(&load))?;
+    bench.apply("hpa", &manifest(&load, scale_up))?;
     bench.rollout("web", Duration::from_secs(120))?;
     let mut results: Vec<(Duration, Source, Vec<Trial>)> = Vec::new();
     let mut failure = None;
@@ -382,11 +410,12 @@ pub fn run(bench: &mut Bench, trials: usize, syncs: &[Duration]) -> Result<()> {
     let _ = writeln!(
         out,
         "## The HPA on each source ({trials} trials each)\n\n\
-         `autoscaling/v2`, CPU utilisation 50 % of a 100m request, 1–4 replicas, default \
-         scale-up behaviour (no stabilisation), scale-down stabilisation 30 s. Load (each pod \
-         at its 200m limit) switched on and off at a random point of the HPA's cycle; times \
-         are until `desiredReplicas` changed, polled every 250 ms. The HPA reads \
-         `metrics.k8s.io/v1beta1`, whose APIService points at the source under test.\n"
+         `autoscaling/v2`, CPU utilisation 50 % of a 100m request, 1–4 replicas, {}, \
+         scale-down stabilisation 30 s. Load (each pod at its 200m limit) switched on and off \
+         at a random point of the HPA's cycle; times are until `desiredReplicas` changed, \
+         polled every 250 ms. The HPA reads `metrics.k8s.io/v1beta1`, whose APIService \
+         points at the source under test.\n",
+        describe_scale_up(scale_up)
     );
     let _ = writeln!(
         out,
@@ -431,5 +460,29 @@ pub fn run(bench: &mut Bench, trials: usize, syncs: &[Duration]) -> Result<()> {
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The manifest is one List whose HPA has the scale-up stabilisation asked for, or none.
+    #[test]
+    fn the_hpa_gets_the_scale_up_behaviour_asked_for() {
+        let load = std::path::Path::new("/run/x");
+        for (scale_up, want) in [(0, Value::Null), (30, Value::from(30))] {
+            let m: Value = serde_json::from_str(&manifest(load, Duration::from_secs(scale_up)))
+                .expect("the manifest is JSON");
+            let hpa = &m["items"][1];
+            assert_eq!(hpa["kind"], "HorizontalPodAutoscaler");
+            let b = &hpa["spec"]["behavior"];
+            assert_eq!(b["scaleDown"]["stabilizationWindowSeconds"], 30);
+            assert_eq!(b["scaleUp"]["stabilizationWindowSeconds"], want);
+            assert_eq!(
+                m["items"][0]["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["path"],
+                "/run/x"
+            );
+        }
     }
 }

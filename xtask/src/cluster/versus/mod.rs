@@ -85,6 +85,10 @@ pub struct Options {
     /// The controller-manager's HPA sync periods to try (15s is its default).
     #[arg(long, value_delimiter = ',', default_value = "15s,1s", value_parser = humantime::parse_duration)]
     hpa_sync_periods: Vec<Duration>,
+    /// The HPAs' `behavior.scaleUp.stabilizationWindowSeconds`, the same for every source
+    /// (0: the HPA's default, none).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    scale_up_stabilization: Duration,
     /// kpulse's `--metric-window`s the window part tries.
     #[arg(long, value_delimiter = ',', default_value = "1s,5s,15s", value_parser = humantime::parse_duration)]
     windows: Vec<Duration>,
@@ -328,13 +332,19 @@ pub fn run(opts: &Options) -> Result<()> {
                     opts.cost_rounds,
                 )?,
                 Part::Load => cost::under_load(&mut bench, &runtime, 2 * opts.phase)?,
-                Part::Hpa => hpa::run(&mut bench, opts.hpa_trials, &opts.hpa_sync_periods)?,
+                Part::Hpa => hpa::run(
+                    &mut bench,
+                    opts.hpa_trials,
+                    &opts.hpa_sync_periods,
+                    opts.scale_up_stabilization,
+                )?,
                 Part::Window => window::run(
                     &mut bench,
                     opts.hpa_trials,
                     &opts.windows,
                     opts.bursty_phase,
                     opts.bursty_rounds,
+                    opts.scale_up_stabilization,
                 )?,
             }
             reset_namespace(&bench)?;

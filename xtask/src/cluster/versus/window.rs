@@ -8,7 +8,8 @@
 //!   second, spins for one second at its limit with probability 1/6 and otherwise sleeps:
 //!   a mean of 33 % of its request, below the HPA's 50 % target and outside its 10 %
 //!   tolerance, so an HPA that saw the mean would never scale it. Its HPA is the one of
-//!   `web` (50 %, 1–4 replicas, default scale-up, scale-down stabilisation 30 s). Over
+//!   `web` (50 %, 1–4 replicas, scale-up stabilisation as `--scale-up-stabilization` says,
+//!   none by default, scale-down stabilisation 30 s). Over
 //!   each phase the benchmark counts the HPA's rescales, the highest replica count and the
 //!   replica-seconds above one, and samples the utilisation the HPA reports every second.
 //!   The first `bursty` pod's cgroup counter gives the workload's true mean.
@@ -179,6 +180,7 @@ pub fn run(
     windows: &[Duration],
     phase: Duration,
     rounds: usize,
+    scale_up: Duration,
 ) -> Result<()> {
     let web_dir = bench.dirs.run.join("versus-hpa");
     let bursty_dir = bench.dirs.run.join("versus-bursty");
@@ -191,10 +193,10 @@ pub fn run(
         original["spec"]["service"]["namespace"] == "kpulse-system",
         "v1beta1.metrics.k8s.io does not point at kpulse"
     );
-    bench.apply("hpa", &hpa::manifest(&web_dir))?;
+    bench.apply("hpa", &hpa::manifest(&web_dir, scale_up))?;
     bench.apply(
         "bursty",
-        &hpa::workload("bursty", BURSTY_SCRIPT, &bursty_dir),
+        &hpa::workload("bursty", BURSTY_SCRIPT, &bursty_dir, scale_up),
     )?;
     bench.rollout("web", Duration::from_secs(120))?;
     bench.rollout("bursty", Duration::from_secs(120))?;
@@ -279,9 +281,10 @@ pub fn run(
          Step trials as in \"The HPA on each source\" (controller-manager's default 15 s \
          sync). Bursty: each pod spins for 1 s at its 200m limit with probability 1/6 every \
          second (mean 33 % of its 100m request; target 50 %, so the right answer is 1 \
-         replica throughout); same HPA. Rescales are changes of `desiredReplicas`; \
+         replica throughout); same HPA ({}). Rescales are changes of `desiredReplicas`; \
          utilisation is what the HPA reported, sampled every second.\n",
-        phase.as_secs_f64()
+        phase.as_secs_f64(),
+        hpa::describe_scale_up(scale_up)
     );
     let _ = writeln!(
         out,

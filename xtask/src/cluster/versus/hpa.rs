@@ -4,9 +4,9 @@
 //! the node, so one loaded pod is at 200 % of its request) and `autoscaling/v2` HPA (CPU
 //! utilisation 50 %, 1–4 replicas, scale-up with the default behaviour, i.e. no
 //! stabilisation, unless `--scale-up-stabilization` sets one for both sources; scale-down
-//! stabilisation 30 s instead of the default 300 s so that a trial ends in minutes) are driven by kpulse, then by metrics-server: the
-//! `v1beta1.metrics.k8s.io` APIService, the version the HPA reads up to 1.37 (`cluster
-//! check` asserts it), is pointed at metrics-server's Service for its trials
+//! stabilisation 30 s instead of the default 300 s so that a trial ends in minutes) are
+//! driven by kpulse, then by metrics-server: the `v1beta1.metrics.k8s.io` APIService, the
+//! version the HPA reads up to 1.37 (`cluster check` asserts it), is pointed at metrics-server's Service for its trials
 //! (`insecureSkipTLSVerify: true`, as its release manifest has it) and back to kpulse after,
 //! whatever happens. Each trial: idle at 1 replica with a utilisation reported, load on →
 //! the first `desiredReplicas > 1` seen (polled every 250 ms), replicas ready, load off →
@@ -51,7 +51,7 @@ pub(super) fn describe_scale_up(scale_up: Duration) -> String {
         "default scale-up behaviour (no stabilisation)".to_string()
     } else {
         format!(
-            "scale-up stabilisation {} s (default policies)",
+            "scale-up stabilisation {} s with the default policies",
             scale_up.as_secs()
         )
     }

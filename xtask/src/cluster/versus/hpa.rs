@@ -6,13 +6,14 @@
 //! stabilisation, unless `--scale-up-stabilization` sets one for both sources; scale-down
 //! stabilisation 30 s instead of the default 300 s so that a trial ends in minutes) are
 //! driven by kpulse, then by metrics-server: the `v1beta1.metrics.k8s.io` APIService, the
-//! version the HPA reads up to 1.37 (`cluster check` asserts it), is pointed at metrics-server's Service for its trials
-//! (`insecureSkipTLSVerify: true`, as its release manifest has it) and back to kpulse after,
-//! whatever happens. Each trial: idle at 1 replica with a utilisation reported, load on →
-//! the first `desiredReplicas > 1` seen (polled every 250 ms), replicas ready, load off →
-//! `desiredReplicas = 1` seen. Both sources are tried at each of the given
-//! `--horizontal-pod-autoscaler-sync-period`s (the controller-manager is restarted with the
-//! flag, and without it, i.e. the default 15 s, at the end).
+//! version the HPA reads up to 1.37 (`cluster check` asserts it), is pointed at
+//! metrics-server's Service for its trials (`insecureSkipTLSVerify: true`, as its release
+//! manifest has it) and back to kpulse after, whatever happens. Each trial: idle at 1
+//! replica with a utilisation reported, load on → the first `desiredReplicas > 1` seen
+//! (polled every 250 ms), replicas ready, load off → `desiredReplicas = 1` seen. Both
+//! sources are tried at each of the given `--horizontal-pod-autoscaler-sync-period`s (the
+//! controller-manager is restarted with the flag, and without it, i.e. the default 15 s, at
+//! the end).
 
 use std::{
     fmt::Write as _,

@@ -609,21 +609,35 @@ fn key(o: &Value) -> Option<String> {
     })
 }
 
-/// Nodes and running pods (outside kpulse-system) a complete answer lists.
+/// Nodes and running pods (outside kpulse-system) a complete answer lists now. Pods of a
+/// namespace being deleted are left out: the namespace controller deletes them as soon as
+/// discovery works again, which a check that takes the metrics API down delays (an earlier
+/// check's namespace can still be Terminating with its pods running).
 fn expected_sets(ctx: &Ctx<'_>) -> Result<(BTreeSet<String>, BTreeSet<String>)> {
     let nodes = items(&ctx.json(&["get", "nodes"])?)
+        .filter_map(key)
+        .collect();
+    let terminating: BTreeSet<String> = items(&ctx.json(&["get", "namespaces"])?)
+        .filter(|o| !o["metadata"]["deletionTimestamp"].is_null())
         .filter_map(key)
         .collect();
     let pods = items(&ctx.json(&["get", "pods", "-A", "--field-selector=status.phase=Running"])?)
         .filter(|o| o["metadata"]["deletionTimestamp"].is_null())
         .filter(|o| o["metadata"]["namespace"] != NAMESPACE)
+        .filter(|o| {
+            o["metadata"]["namespace"]
+                .as_str()
+                .is_none_or(|ns| !terminating.contains(ns))
+        })
         .filter_map(key)
         .collect();
     Ok((nodes, pods))
 }
 
-/// Nodes and pods missing from one NodeMetrics and one PodMetrics list.
-fn missing(ctx: &Ctx<'_>, nodes: &BTreeSet<String>, pods: &BTreeSet<String>) -> Result<usize> {
+/// What one NodeMetrics and one PodMetrics list leave out of the nodes and running pods the
+/// API holds at that moment (read first, so a pod deleted meanwhile is still listed).
+fn missing(ctx: &Ctx<'_>) -> Result<Vec<String>> {
+    let (nodes, pods) = expected_sets(ctx)?;
     let listed = |args: &[&str]| -> Result<BTreeSet<String>> {
         Ok(items(&ctx.json(args)?).filter_map(key).collect())
     };
@@ -631,7 +645,11 @@ fn missing(ctx: &Ctx<'_>, nodes: &BTreeSet<String>, pods: &BTreeSet<String>) -> 
         listed(&["get", "nodemetrics"])?,
         listed(&["get", "podmetrics", "-A"])?,
     );
-    Ok(nodes.difference(&ln).count() + pods.difference(&lp).count())
+    Ok(nodes
+        .difference(&ln)
+        .chain(pods.difference(&lp))
+        .cloned()
+        .collect())
 }
 
 fn scale_to(ctx: &Ctx<'_>, replicas: u64) -> Result<()> {
@@ -669,10 +687,10 @@ pub(super) fn every_replica_down(ctx: &Ctx<'_>) -> Result<String> {
 }
 
 fn replicas_down_and_back(ctx: &Ctx<'_>, scale: u64) -> Result<String> {
-    let (nodes, pods) = expected_sets(ctx)?;
+    let before = missing(ctx)?;
     ensure!(
-        missing(ctx, &nodes, &pods)? == 0,
-        "answers were incomplete before the replicas went down"
+        before.is_empty(),
+        "answers were incomplete before the replicas went down: {before:?} missing"
     );
     // A namespace to delete and an owner with a dependent, for the namespace controller and
     // the garbage collector, made while everything is up.
@@ -818,9 +836,9 @@ fn replicas_down_and_back(ctx: &Ctx<'_>, scale: u64) -> Result<String> {
     let mut reads = 0;
     let complete = loop {
         reads += 1;
-        match missing(ctx, &nodes, &pods) {
-            Ok(0) => break Instant::now(),
-            Ok(n) => incomplete.push(format!("{n} missing")),
+        match missing(ctx) {
+            Ok(m) if m.is_empty() => break Instant::now(),
+            Ok(m) => incomplete.push(format!("missing {}", m.join(", "))),
             Err(e) => incomplete.push(last_line(&format!("{e:#}"))),
         }
         ensure!(
@@ -832,9 +850,9 @@ fn replicas_down_and_back(ctx: &Ctx<'_>, scale: u64) -> Result<String> {
     };
     for _ in 0..10 {
         reads += 1;
-        match missing(ctx, &nodes, &pods) {
-            Ok(0) => {}
-            Ok(n) => incomplete.push(format!("{n} missing")),
+        match missing(ctx) {
+            Ok(m) if m.is_empty() => {}
+            Ok(m) => incomplete.push(format!("missing {}", m.join(", "))),
             Err(e) => incomplete.push(last_line(&format!("{e:#}"))),
         }
         thread::sleep(Duration::from_millis(200));

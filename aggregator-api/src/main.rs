@@ -202,6 +202,14 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
                 ("agents", agent_connections.clone()),
             ]),
     );
+    // The resource endpoints negotiate protobuf (api/proto.rs), so OpenAPI lists it.
+    let discovery = kpulse_aggregator_api::api::discovery::Discovery::new(
+        kpulse_aggregator_api::api::document::Options {
+            protobuf: true,
+            ..kpulse_aggregator_api::api::document::Options::for_secure_port(cfg.secure_port)
+        },
+    )
+    .context("building the discovery and OpenAPI documents")?;
     let app = Arc::new(App {
         health: HealthChecks {
             healthz: vec![health::ping()],
@@ -212,12 +220,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         router: kpulse_aggregator_api::api::handler::ApiContext {
             store,
             metadata: metadata.clone(),
-            discovery: Arc::new(kpulse_aggregator_api::api::discovery::Discovery::new(
-                kpulse_aggregator_api::api::discovery::Options {
-                    external_address: format!(":{}", cfg.secure_port),
-                    ..Default::default()
-                },
-            )),
+            discovery: Arc::new(discovery),
             watch: watches.clone(),
         },
         metrics: Some(metrics),

@@ -57,7 +57,7 @@
 //!
 //! [`StoreConfig::window`] (`--metric-window`) sets how long a span CPU rates are
 //! served over. With a window `W`, a series keeps, besides its last point, the point its
-//! rate starts from and up to [`WINDOW_STEPS`] younger points spaced at least
+//! rate starts from and up to `WINDOW_STEPS` younger points spaced at least
 //! `W / WINDOW_STEPS` apart (a fixed array, no allocation). The rate is taken from the
 //! newest kept point that is at least `W − W/16` older than the last point (the 1/16
 //! absorbs the agents' tick jitter, so a 1 s window over 1 s ticks is one interval, not

@@ -2,10 +2,10 @@
 //! discovery and OpenAPI documents, `get`/`list` of `nodes` and `pods`, and every error the
 //! apiserver would write on the way ([`handle`]).
 //!
-//! The routing, negotiation and error wording live in [`request`](super::request); the
-//! documents in [`discovery`](super::discovery); the objects in [`objects`](super::objects)
-//! and [`types`](super::types); the encodings in [`table`](super::table) and
-//! [`proto`](super::proto). This module only joins them, looks objects up, filters lists and
+//! The routing, negotiation and error wording live in [`request`]; the documents in
+//! [`discovery`](super::discovery) (built by it and [`openapi`](super::openapi), served as a
+//! [`Document`]); the objects in [`objects`] and [`types`](super::types); the encodings in
+//! [`table`] and [`proto`]. This module only joins them, looks objects up, filters lists and
 //! sets the response headers.
 //!
 //! # Encodings served
@@ -38,8 +38,11 @@ use http::{header, HeaderValue, Response, StatusCode};
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1 as meta, jiff};
 
 use super::{
-    discovery::{self, Discovery, Document, NotAcceptable, OpenApiV3},
-    negotiate, objects, proto,
+    discovery::Discovery,
+    document::{Document, NotAcceptable, CACHE_CONTROL_IMMUTABLE, CONTENT_TYPE_JSON},
+    negotiate, objects,
+    openapi::OpenApiV3,
+    proto,
     request::{
         self, ApiError, ApiRequest, Encoding, ErrorEncoding, Rejection, RequestParts, Resource,
         Target, Verb,
@@ -98,7 +101,8 @@ pub fn handle_at<C: Clock + 'static, B>(
     let parts = RequestParts::from_http(req);
     let accept = parts.accept.unwrap_or("");
     let raw_query = parts.query.unwrap_or("");
-    let pretty = discovery::is_pretty(raw_query, parts.user_agent.unwrap_or(""));
+    let query = request::Query::parse(raw_query);
+    let pretty = request::is_pretty_print(&query, &parts);
     let if_none_match = req
         .headers()
         .get(header::IF_NONE_MATCH)
@@ -130,9 +134,9 @@ pub fn handle_at<C: Clock + 'static, B>(
         if !negotiate::openapi_accepts_json(accept) {
             return Some(empty(StatusCode::NOT_ACCEPTABLE));
         }
-        let hash = discovery::query_value(raw_query, "hash").unwrap_or_default();
+        let hash = query.first("hash").unwrap_or_default();
         return Some(openapi_v3_response(
-            ctx.discovery.openapi_v3(path, &hash),
+            ctx.discovery.openapi_v3(path, hash),
             if_none_match,
             now,
         ));
@@ -488,14 +492,14 @@ fn plain(code: u16, body: String) -> Response<Body> {
 }
 
 fn discovery_response(
-    document: Result<Document, NotAcceptable>,
+    document: Result<&Document, NotAcceptable>,
     if_none_match: &str,
 ) -> Response<Body> {
     match document {
-        Ok(d) => document_response(&d, if_none_match),
+        Ok(d) => document_response(d, if_none_match),
         Err(e) => respond(
             StatusCode::NOT_ACCEPTABLE,
-            discovery::CONTENT_TYPE_JSON,
+            CONTENT_TYPE_JSON,
             e.document().body,
         ),
     }
@@ -554,7 +558,7 @@ fn openapi_v3_response(
                 let h = r.headers_mut();
                 h.insert(
                     header::CACHE_CONTROL,
-                    HeaderValue::from_static(discovery::CACHE_CONTROL_IMMUTABLE),
+                    HeaderValue::from_static(CACHE_CONTROL_IMMUTABLE),
                 );
                 let expires = super::types::to_jiff(now + IMMUTABLE_FOR);
                 if let Some(v) = jiff::fmt::rfc2822::DateTimePrinter::new()
@@ -663,7 +667,9 @@ mod tests {
         ApiContext {
             store: Arc::new(store),
             metadata,
-            discovery: Arc::new(Discovery::new(discovery::Options::default())),
+            discovery: Arc::new(
+                Discovery::new(crate::api::document::Options::default()).expect("documents"),
+            ),
             watch: super::super::watch::Hub::new(super::super::watch::Settings::default()),
         }
     }
@@ -989,18 +995,26 @@ mod tests {
         );
         let a = call(
             &c,
-            req("GET", "/apis", Some(discovery::CONTENT_TYPE_AGGREGATED_V2)),
+            req(
+                "GET",
+                "/apis",
+                Some(crate::api::document::CONTENT_TYPE_AGGREGATED_V2),
+            ),
         )
         .expect("served");
         assert_eq!(a.status, 200);
         assert_eq!(
             a.header("content-type"),
-            Some(discovery::CONTENT_TYPE_AGGREGATED_V2)
+            Some(crate::api::document::CONTENT_TYPE_AGGREGATED_V2)
         );
         assert_eq!(a.header("vary"), Some("Accept"));
         assert_eq!(a.header("cache-control"), Some("public"));
         let etag = a.header("etag").expect("etag").to_owned();
-        let mut r = req("GET", "/apis", Some(discovery::CONTENT_TYPE_AGGREGATED_V2));
+        let mut r = req(
+            "GET",
+            "/apis",
+            Some(crate::api::document::CONTENT_TYPE_AGGREGATED_V2),
+        );
         r.headers_mut().insert(
             header::IF_NONE_MATCH,
             HeaderValue::from_str(&etag).expect("etag"),

@@ -3,9 +3,11 @@
 //! receive what they need from the caller.
 
 pub mod discovery;
+pub mod document;
 pub mod handler;
 pub mod negotiate;
 pub mod objects;
+pub mod openapi;
 pub mod proto;
 pub mod request;
 pub mod selector;

@@ -32,9 +32,60 @@
 //! sort. No client of the metrics API sends such headers; RFC 9110 is what a client may
 //! rely on (docs/design/aggregator.md, "One content negotiation").
 
-use super::discovery::{ApisChoice, JsonChoice, NotAcceptable, Version};
+use super::document::{NotAcceptable, CONTENT_TYPE_AGGREGATED_V2, CONTENT_TYPE_AGGREGATED_V2BETA1};
 use super::request::{Encoding, Target, MEDIA_TYPES};
 use super::table::TableVersion;
+
+/// A version of the aggregated discovery format (`apidiscovery.k8s.io`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Version {
+    /// `apidiscovery.k8s.io/v2` (Kubernetes 1.30+ clients).
+    V2,
+    /// `apidiscovery.k8s.io/v2beta1` (kubectl 1.27–1.29, kube-aggregator 1.26–1.29).
+    V2Beta1,
+}
+
+impl Version {
+    /// `v2` or `v2beta1`.
+    pub fn version(self) -> &'static str {
+        match self {
+            Version::V2 => "v2",
+            Version::V2Beta1 => "v2beta1",
+        }
+    }
+
+    /// `apiVersion` of the list: `apidiscovery.k8s.io/v2` or `.../v2beta1`.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Version::V2 => "apidiscovery.k8s.io/v2",
+            Version::V2Beta1 => "apidiscovery.k8s.io/v2beta1",
+        }
+    }
+
+    /// The response `Content-Type`, which clients check to tell aggregated from legacy.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Version::V2 => CONTENT_TYPE_AGGREGATED_V2,
+            Version::V2Beta1 => CONTENT_TYPE_AGGREGATED_V2BETA1,
+        }
+    }
+}
+
+/// Outcome of negotiating `GET /apis`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApisChoice {
+    /// `Some` for aggregated discovery in that version, `None` for the `APIGroupList`.
+    pub aggregated: Option<Version>,
+    /// The chosen media range carried `pretty=1`.
+    pub pretty: bool,
+}
+
+/// Outcome of negotiating a plain discovery endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JsonChoice {
+    /// The chosen media range carried `pretty=1`.
+    pub pretty: bool,
+}
 
 /// One media range of an `Accept` header.
 #[derive(Clone, Debug, PartialEq)]

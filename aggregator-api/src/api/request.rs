@@ -980,7 +980,7 @@ fn trim_ows(value: &str) -> &str {
 
 /// `negotiation.isPrettyPrint`: `?pretty=` parsed by `strconv.ParseBool` when non-empty
 /// (and the raw query contains `pretty`), else a `curl`, `Wget` or `Mozilla/5.0` user agent.
-fn is_pretty_print(query: &Query, parts: &RequestParts<'_>) -> bool {
+pub(crate) fn is_pretty_print(query: &Query, parts: &RequestParts<'_>) -> bool {
     // Go only looks at the parameter when the raw query mentions it.
     if parts.query.is_some_and(|q| q.contains("pretty")) {
         if let Some(value) = query.first("pretty").filter(|v| !v.is_empty()) {
@@ -1012,12 +1012,12 @@ pub fn error_encoding(parts: &RequestParts<'_>) -> ErrorEncoding {
 /// `url.ParseQuery`: pairs split on `&`, pairs holding `;` or a bad escape dropped, `+` is a
 /// space; values kept in order per key.
 #[derive(Clone, Debug, Default)]
-struct Query {
+pub(crate) struct Query {
     pairs: Vec<(String, String)>,
 }
 
 impl Query {
-    fn parse(raw: &str) -> Self {
+    pub(crate) fn parse(raw: &str) -> Self {
         let mut pairs = Vec::new();
         for chunk in raw.split('&') {
             if chunk.is_empty() || chunk.contains(';') {
@@ -1038,7 +1038,7 @@ impl Query {
     }
 
     /// `url.Values.Get`: the first value.
-    fn first(&self, key: &str) -> Option<&str> {
+    pub(crate) fn first(&self, key: &str) -> Option<&str> {
         self.pairs
             .iter()
             .find(|(k, _)| k == key)
@@ -2500,5 +2500,51 @@ mod tests {
             let header = header.join(",");
             let _ = negotiate::choose(Some(&header), Endpoint::Resource);
         }
+    }
+
+    /// `isPrettyPrint`, as the discovery and OpenAPI endpoints use it too.
+    #[test]
+    fn pretty_detection() {
+        let cases = [
+            ("pretty=true", "", true),
+            ("pretty=1", "kubectl/v1.33.0", true),
+            ("a=b&pretty=True", "", true),
+            ("pretty=false", "curl/8.5.0", false),
+            ("pretty=yes", "curl/8.5.0", false),
+            ("pretty=", "curl/8.5.0", true),
+            ("pretty", "curl/8.5.0", true),
+            ("pretty", "kubectl/v1.30.0", false),
+            ("pretty=%74rue", "", true),
+            ("x;y&pretty=0", "curl/8.5.0", false),
+            ("pretty=1;x", "kubectl", false),
+            ("", "curl/7.88.1", true),
+            ("", "Wget/1.21.3", true),
+            ("", "Mozilla/5.0 (X11; Linux x86_64)", true),
+            ("", "wget/1.21.3", false),
+            ("", "kubectl/v1.33.0 (linux/amd64) kubernetes/abcdef", false),
+            ("", "", false),
+        ];
+        for (query, agent, want) in cases {
+            let parts = RequestParts {
+                method: "GET",
+                path: "/apis",
+                query: Some(query),
+                accept: None,
+                user_agent: Some(agent),
+            };
+            let pretty = is_pretty_print(&Query::parse(query), &parts);
+            assert_eq!(pretty, want, "{query:?} {agent:?}");
+        }
+    }
+
+    /// `url.Values.Get`, which the OpenAPI v3 `hash` parameter is read with.
+    #[test]
+    fn query_first_values() {
+        let first = |raw: &str, key: &str| Query::parse(raw).first(key).map(str::to_string);
+        assert_eq!(first("hash=AB%43&hash=x", "hash").as_deref(), Some("ABC"));
+        assert_eq!(first("a=1&b", "b").as_deref(), Some(""));
+        assert_eq!(first("a=%zz&a=2", "a").as_deref(), Some("2"));
+        assert_eq!(first("a=1;b=2", "a"), None);
+        assert_eq!(first("", "a"), None);
     }
 }

@@ -737,8 +737,8 @@ mod tests {
 
     use super::*;
     use crate::{
+        api::discovery::Discovery,
         api::handler::{handle_at, ApiContext},
-        api::{discovery, discovery::Discovery},
         metadata::{MetadataDocument, NodeMeta, PodMeta, StaticMetadata},
         store::{ManualClock, StoreConfig},
     };
@@ -808,7 +808,9 @@ mod tests {
             ctx: ApiContext {
                 store: Arc::new(store),
                 metadata,
-                discovery: Arc::new(Discovery::new(discovery::Options::default())),
+                discovery: Arc::new(
+                    Discovery::new(crate::api::document::Options::default()).expect("documents"),
+                ),
                 watch: Hub::new(settings),
             },
             clock,

@@ -14,6 +14,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use kpulse_aggregator_api::metadata::ClusterNodeList;
 use kpulse_aggregator_api::nodes::{Change, ClusterNodes};
 
 const NODES: usize = 5_000;

@@ -365,7 +365,7 @@ impl Completeness {
             .agents
             .nodes()
             .into_iter()
-            .filter(|n| self.nodes.node(n).is_some() && !(self.served)(n))
+            .filter(|n| self.nodes.contains(n) && !(self.served)(n))
             .collect())
     }
 }

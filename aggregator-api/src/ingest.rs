@@ -74,7 +74,7 @@ use crate::{
         delegated::{AuthnFailure, TokenAuthenticator},
         x509::{self, CaBundle},
     },
-    selfmetrics::{IngestMetrics, OpenStream},
+    selfmetrics::{IngestMetrics, OpenStream, RejectReason},
     serve::{self, Body, Peer},
     session::{check_hello, HelloError, Lease, Replaced, SessionError, Sessions},
     store::{Clock, SystemClock},
@@ -107,68 +107,6 @@ const EXTRA_CONNECTIONS: usize = 64;
 /// A stream with no message for this long is closed: `max(3 × metric_expiry, 30 s)`.
 pub fn idle_timeout(metric_expiry: Duration) -> Duration {
     metric_expiry.saturating_mul(3).max(MIN_IDLE_TIMEOUT)
-}
-
-/// Why a stream was refused before it started: the fixed label set of
-/// `kpulse_aggregator_ingest_rejected_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RejectReason {
-    /// Another path or method.
-    BadRequest,
-    /// [`VERSION_HEADER`] or the Hello's version missing, unreadable or of another major.
-    BadVersion,
-    /// The first message is not a readable Hello, or names no valid node.
-    BadHello,
-    /// No Hello within [`HELLO_TIMEOUT`].
-    HelloTimeout,
-    /// Neither a bearer token nor a client certificate.
-    NoCredentials,
-    /// A token or certificate that does not authenticate.
-    InvalidCredentials,
-    /// Authenticated, but not as an agent (`--agent-service-accounts`).
-    ForbiddenIdentity,
-    /// An agent's identity bound to another node than the Hello's, or to none.
-    WrongNode,
-    /// The Kubernetes API could not review the token.
-    AuthUnavailable,
-    /// `--max-agent-streams` reached.
-    TooManyStreams,
-    /// The server is shutting down.
-    ShuttingDown,
-}
-
-impl RejectReason {
-    /// Every reason.
-    pub const ALL: [RejectReason; 11] = [
-        RejectReason::BadRequest,
-        RejectReason::BadVersion,
-        RejectReason::BadHello,
-        RejectReason::HelloTimeout,
-        RejectReason::NoCredentials,
-        RejectReason::InvalidCredentials,
-        RejectReason::ForbiddenIdentity,
-        RejectReason::WrongNode,
-        RejectReason::AuthUnavailable,
-        RejectReason::TooManyStreams,
-        RejectReason::ShuttingDown,
-    ];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RejectReason::BadRequest => "bad_request",
-            RejectReason::BadVersion => "bad_version",
-            RejectReason::BadHello => "bad_hello",
-            RejectReason::HelloTimeout => "hello_timeout",
-            RejectReason::NoCredentials => "no_credentials",
-            RejectReason::InvalidCredentials => "invalid_credentials",
-            RejectReason::ForbiddenIdentity => "forbidden_identity",
-            RejectReason::WrongNode => "wrong_node",
-            RejectReason::AuthUnavailable => "auth_unavailable",
-            RejectReason::TooManyStreams => "too_many_streams",
-            RejectReason::ShuttingDown => "shutting_down",
-        }
-    }
 }
 
 /// A refusal before the stream starts: the HTTP status, the counted reason and the

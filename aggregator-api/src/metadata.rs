@@ -51,6 +51,17 @@ pub trait MetadataSource: Send + Sync {
     fn pods(&self, namespace: Option<&str>) -> Vec<PodMeta>;
 }
 
+/// The cluster's own list of nodes ([`crate::nodes::ClusterNodes`], from the Kubernetes
+/// API), which decides which nodes exist and their labels once it is complete.
+pub trait ClusterNodeList: std::fmt::Debug + Send + Sync {
+    /// Whether a complete list has been seen: before that it is not authoritative.
+    fn listed(&self) -> bool;
+    /// One node, if the API has it.
+    fn node(&self, name: &str) -> Option<NodeMeta>;
+    /// Every node, sorted by name.
+    fn nodes(&self) -> Vec<NodeMeta>;
+}
+
 /// The document [`StaticMetadata`] loads.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -153,7 +164,7 @@ fn namespace_range<'a, V>(
 pub struct StreamMetadata {
     index: RwLock<Index>,
     /// The API's nodes: once listed, which nodes exist and their labels.
-    cluster: Option<Arc<crate::nodes::ClusterNodes>>,
+    cluster: Option<Arc<dyn ClusterNodeList>>,
 }
 
 #[derive(Debug, Default)]
@@ -230,7 +241,7 @@ impl StreamMetadata {
 
     /// Empty; nodes (existence and labels) from `cluster` once it has listed them, as
     /// metrics-server takes them from its Node informer; from the agents until then.
-    pub fn with_cluster_nodes(cluster: Arc<crate::nodes::ClusterNodes>) -> Arc<StreamMetadata> {
+    pub fn with_cluster_nodes(cluster: Arc<dyn ClusterNodeList>) -> Arc<StreamMetadata> {
         Arc::new(StreamMetadata {
             index: RwLock::default(),
             cluster: Some(cluster),
@@ -238,7 +249,7 @@ impl StreamMetadata {
     }
 
     /// The API's nodes, once they are authoritative.
-    fn listed_cluster(&self) -> Option<&crate::nodes::ClusterNodes> {
+    fn listed_cluster(&self) -> Option<&dyn ClusterNodeList> {
         self.cluster.as_deref().filter(|c| c.listed())
     }
 

@@ -27,7 +27,7 @@ use kube::{
 };
 use parking_lot::RwLock;
 
-use crate::metadata::NodeMeta;
+use crate::metadata::{ClusterNodeList, NodeMeta};
 
 /// A node's labels, shared between the index and lookups.
 pub type Labels = Arc<BTreeMap<String, String>>;
@@ -115,24 +115,9 @@ impl ClusterNodes {
         }
     }
 
-    /// One node, if the API has it.
-    pub fn node(&self, name: &str) -> Option<NodeMeta> {
-        self.nodes.read().get(name).map(|labels| NodeMeta {
-            name: name.to_string(),
-            labels: labels.clone(),
-        })
-    }
-
-    /// Every node, sorted by name.
-    pub fn nodes(&self) -> Vec<NodeMeta> {
-        self.nodes
-            .read()
-            .iter()
-            .map(|(name, labels)| NodeMeta {
-                name: name.clone(),
-                labels: labels.clone(),
-            })
-            .collect()
+    /// Whether the API has node `name` (as last seen).
+    pub fn contains(&self, name: &str) -> bool {
+        self.nodes.read().contains_key(name)
     }
 
     /// How many nodes the API has (as last seen).
@@ -143,6 +128,30 @@ impl ClusterNodes {
     /// Whether the API has no node (as last seen).
     pub fn is_empty(&self) -> bool {
         self.nodes.read().is_empty()
+    }
+}
+
+impl ClusterNodeList for ClusterNodes {
+    fn listed(&self) -> bool {
+        ClusterNodes::listed(self)
+    }
+
+    fn node(&self, name: &str) -> Option<NodeMeta> {
+        self.nodes.read().get(name).map(|labels| NodeMeta {
+            name: name.to_string(),
+            labels: labels.clone(),
+        })
+    }
+
+    fn nodes(&self) -> Vec<NodeMeta> {
+        self.nodes
+            .read()
+            .iter()
+            .map(|(name, labels)| NodeMeta {
+                name: name.clone(),
+                labels: labels.clone(),
+            })
+            .collect()
     }
 }
 

@@ -35,23 +35,20 @@ use std::{
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
-use k8s_openapi::{apimachinery::pkg::apis::meta::v1 as meta, jiff};
+use k8s_openapi::jiff;
 
 use super::{
     discovery::Discovery,
     document::{Document, NotAcceptable, CACHE_CONTROL_IMMUTABLE, CONTENT_TYPE_JSON},
-    negotiate, objects,
+    negotiate::{self, Encoding, Target},
+    objects,
     openapi::OpenApiV3,
     proto,
-    request::{
-        self, ApiError, ApiRequest, Encoding, ErrorEncoding, Rejection, RequestParts, Resource,
-        Target, Verb,
-    },
-    selector::ObjectFields,
+    request::{self, ApiError, ApiRequest, ErrorEncoding, Rejection, RequestParts, Resource, Verb},
     table::{self, RowObject},
     types::{
         encode_json, encode_json_pretty, EncodeError, NodeMetrics, NodeMetricsList, PodMetrics,
-        PodMetricsList, Status, Usage,
+        PodMetricsList, Status,
     },
 };
 use crate::{
@@ -59,9 +56,6 @@ use crate::{
     serve::{full, Body},
     store::{Clock, Store, SystemClock},
 };
-
-/// The media types this handler writes objects in, for its own 406 answers.
-pub const SERVED_MEDIA_TYPES: [&str; 2] = ["application/json", proto::MEDIA_TYPE];
 
 /// How long an OpenAPI v3 document fetched with its current hash may be cached (`Expires`),
 /// as kube-openapi's handler3 sets it: one year.
@@ -210,51 +204,14 @@ fn serve<C: Clock + 'static>(
         }
         (Resource::Nodes, None) => Found::Nodes(NodeMetricsList::new(
             api.version,
-            list_nodes(&ctx.store, ctx.metadata.as_ref(), api, now),
+            objects::list_nodes(&ctx.store, ctx.metadata.as_ref(), api, now),
         )),
         (Resource::Pods, None) => Found::Pods(PodMetricsList::new(
             api.version,
-            list_pods(&ctx.store, ctx.metadata.as_ref(), api, now),
+            objects::list_pods(&ctx.store, ctx.metadata.as_ref(), api, now),
         )),
     };
     encode(api, &found)
-}
-
-/// The NodeMetrics a list (or a watch, on each look) of `api` finds, sorted by name.
-pub(super) fn list_nodes<C: Clock>(
-    store: &Store<C>,
-    metadata: &dyn MetadataSource,
-    api: &ApiRequest,
-    now: SystemTime,
-) -> Vec<NodeMetrics> {
-    let mut nodes = metadata.nodes();
-    nodes.retain(|n| {
-        api.options.label_selector.matches(&n.labels)
-            && api.options.field_selector.matches(&ObjectFields {
-                name: &n.name,
-                namespace: None,
-            })
-    });
-    objects::node_metrics(store, &nodes, now)
-}
-
-/// The PodMetrics a list (or a watch, on each look) of `api` finds, sorted by namespace
-/// and name.
-pub(super) fn list_pods<C: Clock>(
-    store: &Store<C>,
-    metadata: &dyn MetadataSource,
-    api: &ApiRequest,
-    now: SystemTime,
-) -> Vec<PodMetrics> {
-    let mut pods = metadata.pods(api.namespace.as_deref());
-    pods.retain(|p| {
-        api.options.label_selector.matches(&p.labels)
-            && api.options.field_selector.matches(&ObjectFields {
-                name: &p.name,
-                namespace: Some(&p.namespace),
-            })
-    });
-    objects::pod_metrics(store, &pods, now)
 }
 
 /// The 406 for a format this handler does not write yet.
@@ -262,7 +219,7 @@ fn not_served(api: &ApiRequest) -> ApiError {
     ApiError {
         status: Status::not_acceptable(format!(
             "only the following media types are accepted: {}",
-            SERVED_MEDIA_TYPES.join(", ")
+            negotiate::SERVED_MEDIA_TYPES.join(", ")
         )),
         encoding: api.error_encoding,
     }
@@ -290,13 +247,17 @@ fn encode(api: &ApiRequest, found: &Found) -> Result<Response<Body>, ApiError> {
         (Target::Object, Encoding::Protobuf) => {
             let version = api.version.api_version();
             let body = match found {
-                Found::Node(n) => proto::encode_object(version, "NodeMetrics", &proto_node(n)),
-                Found::Nodes(l) => {
-                    proto::encode_object(version, "NodeMetricsList", &proto_node_list(l))
+                Found::Node(n) => {
+                    proto::encode_object(version, "NodeMetrics", &proto::node_message(n))
                 }
-                Found::Pod(p) => proto::encode_object(version, "PodMetrics", &proto_pod(p)),
+                Found::Nodes(l) => {
+                    proto::encode_object(version, "NodeMetricsList", &proto::node_list_message(l))
+                }
+                Found::Pod(p) => {
+                    proto::encode_object(version, "PodMetrics", &proto::pod_message(p))
+                }
                 Found::Pods(l) => {
-                    proto::encode_object(version, "PodMetricsList", &proto_pod_list(l))
+                    proto::encode_object(version, "PodMetricsList", &proto::pod_list_message(l))
                 }
             };
             Ok(respond(StatusCode::OK, proto::MEDIA_TYPE, body))
@@ -340,103 +301,6 @@ fn json<T: serde::Serialize + ?Sized>(value: &T, pretty: bool) -> Result<Vec<u8>
 }
 
 // ---------------------------------------------------------------------------------------------
-// Protobuf conversion.
-
-fn proto_meta(m: &meta::ObjectMeta) -> proto::ObjectMeta {
-    proto::ObjectMeta {
-        name: m.name.clone().unwrap_or_default(),
-        namespace: m.namespace.clone().unwrap_or_default(),
-        creation_timestamp: m
-            .creation_timestamp
-            .as_ref()
-            .map(|t| proto::Time::from_unix_seconds(t.0.as_second()))
-            .unwrap_or(proto::Time::ZERO),
-        labels: m.labels.clone().unwrap_or_default(),
-        ..proto::ObjectMeta::default()
-    }
-}
-
-fn proto_usage(usage: &Usage) -> std::collections::BTreeMap<String, proto::Quantity> {
-    usage
-        .entries()
-        .into_iter()
-        .map(|(name, q)| (name.to_owned(), proto::Quantity::new(q.canonical())))
-        .collect()
-}
-
-/// A [`NodeMetrics`] as its protobuf message.
-pub fn proto_node(n: &NodeMetrics) -> proto::NodeMetrics {
-    proto::NodeMetrics {
-        metadata: proto_meta(&n.metadata),
-        timestamp: proto::Time::from_system_time(n.timestamp),
-        window: proto::Duration::from_std(n.window),
-        usage: proto_usage(&n.usage),
-    }
-}
-
-/// A [`PodMetrics`] as its protobuf message.
-pub fn proto_pod(p: &PodMetrics) -> proto::PodMetrics {
-    proto::PodMetrics {
-        metadata: proto_meta(&p.metadata),
-        timestamp: proto::Time::from_system_time(p.timestamp),
-        window: proto::Duration::from_std(p.window),
-        containers: p
-            .containers
-            .iter()
-            .map(|c| proto::ContainerMetrics {
-                name: c.name.clone(),
-                usage: proto_usage(&c.usage),
-            })
-            .collect(),
-    }
-}
-
-/// A [`NodeMetricsList`] as its protobuf message (list metadata empty, as metrics-server's).
-pub fn proto_node_list(l: &NodeMetricsList) -> proto::NodeMetricsList {
-    proto::NodeMetricsList {
-        metadata: proto::ListMeta::default(),
-        items: l.items.iter().map(proto_node).collect(),
-    }
-}
-
-/// A [`PodMetricsList`] as its protobuf message (list metadata empty, as metrics-server's).
-pub fn proto_pod_list(l: &PodMetricsList) -> proto::PodMetricsList {
-    proto::PodMetricsList {
-        metadata: proto::ListMeta::default(),
-        items: l.items.iter().map(proto_pod).collect(),
-    }
-}
-
-/// A [`Status`] as its protobuf message (envelope `v1` `Status`).
-pub fn proto_status(status: &Status) -> proto::Status {
-    let s = &status.0;
-    proto::Status {
-        metadata: proto::ListMeta::default(),
-        status: s.status.clone().unwrap_or_default(),
-        message: s.message.clone().unwrap_or_default(),
-        reason: s.reason.clone().unwrap_or_default(),
-        details: s.details.as_ref().map(|d| proto::StatusDetails {
-            name: d.name.clone().unwrap_or_default(),
-            group: d.group.clone().unwrap_or_default(),
-            kind: d.kind.clone().unwrap_or_default(),
-            uid: d.uid.clone().unwrap_or_default(),
-            causes: d
-                .causes
-                .iter()
-                .flatten()
-                .map(|c| proto::StatusCause {
-                    reason: c.reason.clone().unwrap_or_default(),
-                    message: c.message.clone().unwrap_or_default(),
-                    field: c.field.clone().unwrap_or_default(),
-                })
-                .collect(),
-            retry_after_seconds: d.retry_after_seconds.unwrap_or(0),
-        }),
-        code: i32::from(status.code()),
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Responses.
 
 fn respond(code: StatusCode, content_type: &'static str, body: Vec<u8>) -> Response<Body> {
@@ -461,7 +325,7 @@ fn error_response(e: &ApiError) -> Response<Body> {
             encoding: Encoding::Protobuf,
             ..
         } => {
-            let body = proto::encode_object("v1", "Status", &proto_status(&e.status));
+            let body = proto::encode_object("v1", "Status", &proto::status_message(&e.status));
             return respond(code, proto::MEDIA_TYPE, body);
         }
         ErrorEncoding::Negotiated {

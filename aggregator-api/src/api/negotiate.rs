@@ -33,8 +33,65 @@
 //! rely on (docs/design/aggregator.md, "One content negotiation").
 
 use super::document::{NotAcceptable, CONTENT_TYPE_AGGREGATED_V2, CONTENT_TYPE_AGGREGATED_V2BETA1};
-use super::request::{Encoding, Target, MEDIA_TYPES};
 use super::table::TableVersion;
+
+/// The media types the metrics API serves, in the apiserver's order.
+pub const MEDIA_TYPES: [&str; 3] = [
+    "application/json",
+    "application/yaml",
+    "application/vnd.kubernetes.protobuf",
+];
+
+/// The media types the handler writes objects in (no YAML), listed in its 406 answers.
+pub const SERVED_MEDIA_TYPES: [&str; 2] = [MEDIA_TYPES[0], MEDIA_TYPES[2]];
+
+/// A serialization the API writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Encoding {
+    /// `application/json`.
+    Json,
+    /// `application/yaml` (the apiserver serves it: its JSON, converted to YAML).
+    Yaml,
+    /// `application/vnd.kubernetes.protobuf`.
+    Protobuf,
+}
+
+impl Encoding {
+    /// In the apiserver's order of preference.
+    pub(crate) const ALL: [Self; 3] = [Self::Json, Self::Yaml, Self::Protobuf];
+
+    /// The `Content-Type` the apiserver writes for it.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Self::Json => MEDIA_TYPES[0],
+            Self::Yaml => MEDIA_TYPES[1],
+            Self::Protobuf => MEDIA_TYPES[2],
+        }
+    }
+
+    /// The media subtype (`json`, `yaml`, `vnd.kubernetes.protobuf`).
+    pub(crate) fn subtype(self) -> &'static str {
+        match self {
+            Self::Json => "json",
+            Self::Yaml => "yaml",
+            Self::Protobuf => "vnd.kubernetes.protobuf",
+        }
+    }
+}
+
+/// What object the response holds (the `as=…;g=…;v=…` media type parameters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// The metrics object or list itself.
+    Object,
+    /// A `meta.k8s.io` Table (never protobuf).
+    Table(TableVersion),
+    /// `PartialObjectMetadata` of that `meta.k8s.io` version (only valid for a get or a
+    /// watch).
+    PartialObjectMetadata(TableVersion),
+    /// `PartialObjectMetadataList` of that `meta.k8s.io` version (only valid for a list).
+    PartialObjectMetadataList(TableVersion),
+}
 
 /// A version of the aggregated discovery format (`apidiscovery.k8s.io`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -2,13 +2,16 @@
 //! nodes and pods from its informers), the store supplies their numbers. An object the
 //! store has no servable metrics for is left out of lists and is NotFound on `get`.
 //! Every object built here is served, so its age is reported to the store's observer
-//! ([`Store::record_served`]: the freshness histogram of `/metrics`).
+//! ([`Store::record_served`]: the freshness histogram of `/metrics`). A list and each look
+//! of a watch find their objects with the same functions ([`list_nodes`], [`list_pods`]).
 
 use std::time::SystemTime;
 
+use super::request::ApiRequest;
+use super::selector::ObjectFields;
 use super::types::{ContainerMetrics, NodeMetrics, PodMetrics};
 use crate::{
-    metadata::{NodeMeta, PodMeta},
+    metadata::{MetadataSource, NodeMeta, PodMeta},
     store::{Clock, Store},
 };
 
@@ -73,6 +76,43 @@ pub fn pod_metrics<C: Clock>(
             ))
         })
         .collect()
+}
+
+/// The NodeMetrics a list (or a watch, on each look) of `api` finds, sorted by name.
+pub fn list_nodes<C: Clock>(
+    store: &Store<C>,
+    metadata: &dyn MetadataSource,
+    api: &ApiRequest,
+    now: SystemTime,
+) -> Vec<NodeMetrics> {
+    let mut nodes = metadata.nodes();
+    nodes.retain(|n| {
+        api.options.label_selector.matches(&n.labels)
+            && api.options.field_selector.matches(&ObjectFields {
+                name: &n.name,
+                namespace: None,
+            })
+    });
+    node_metrics(store, &nodes, now)
+}
+
+/// The PodMetrics a list (or a watch, on each look) of `api` finds, sorted by namespace
+/// and name.
+pub fn list_pods<C: Clock>(
+    store: &Store<C>,
+    metadata: &dyn MetadataSource,
+    api: &ApiRequest,
+    now: SystemTime,
+) -> Vec<PodMetrics> {
+    let mut pods = metadata.pods(api.namespace.as_deref());
+    pods.retain(|p| {
+        api.options.label_selector.matches(&p.labels)
+            && api.options.field_selector.matches(&ObjectFields {
+                name: &p.name,
+                namespace: Some(&p.namespace),
+            })
+    });
+    pod_metrics(store, &pods, now)
 }
 
 #[cfg(test)]

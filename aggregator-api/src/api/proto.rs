@@ -33,7 +33,12 @@ use std::{
     time::SystemTime,
 };
 
+use super::types::{
+    NodeMetrics as ApiNodeMetrics, NodeMetricsList as ApiNodeMetricsList,
+    PodMetrics as ApiPodMetrics, PodMetricsList as ApiPodMetricsList, Status as ApiStatus, Usage,
+};
 use bytes::{Buf, BufMut};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 use prost::{
     encoding::{
         btree_map, check_wire_type, encode_key, encode_varint, encoded_len_varint, int32, int64,
@@ -925,6 +930,103 @@ fn merge_quantity_map(
 ) -> Result<(), DecodeError> {
     check_wire_type(WireType::LengthDelimited, wire_type)?;
     btree_map::merge(string::merge, message::merge, map, buf, ctx)
+}
+
+// ---------------------------------------------------------------------------------------------
+// From the API's objects.
+
+fn object_meta(m: &meta::ObjectMeta) -> ObjectMeta {
+    ObjectMeta {
+        name: m.name.clone().unwrap_or_default(),
+        namespace: m.namespace.clone().unwrap_or_default(),
+        creation_timestamp: m
+            .creation_timestamp
+            .as_ref()
+            .map(|t| Time::from_unix_seconds(t.0.as_second()))
+            .unwrap_or(Time::ZERO),
+        labels: m.labels.clone().unwrap_or_default(),
+        ..ObjectMeta::default()
+    }
+}
+
+fn usage(usage: &Usage) -> BTreeMap<String, Quantity> {
+    usage
+        .entries()
+        .into_iter()
+        .map(|(name, q)| (name.to_owned(), Quantity::new(q.canonical())))
+        .collect()
+}
+
+/// A [`NodeMetrics`](ApiNodeMetrics) as its protobuf message.
+pub fn node_message(n: &ApiNodeMetrics) -> NodeMetrics {
+    NodeMetrics {
+        metadata: object_meta(&n.metadata),
+        timestamp: Time::from_system_time(n.timestamp),
+        window: Duration::from_std(n.window),
+        usage: usage(&n.usage),
+    }
+}
+
+/// A [`PodMetrics`](ApiPodMetrics) as its protobuf message.
+pub fn pod_message(p: &ApiPodMetrics) -> PodMetrics {
+    PodMetrics {
+        metadata: object_meta(&p.metadata),
+        timestamp: Time::from_system_time(p.timestamp),
+        window: Duration::from_std(p.window),
+        containers: p
+            .containers
+            .iter()
+            .map(|c| ContainerMetrics {
+                name: c.name.clone(),
+                usage: usage(&c.usage),
+            })
+            .collect(),
+    }
+}
+
+/// A [`NodeMetricsList`](ApiNodeMetricsList) as its protobuf message (list metadata empty, as metrics-server's).
+pub fn node_list_message(l: &ApiNodeMetricsList) -> NodeMetricsList {
+    NodeMetricsList {
+        metadata: ListMeta::default(),
+        items: l.items.iter().map(node_message).collect(),
+    }
+}
+
+/// A [`PodMetricsList`](ApiPodMetricsList) as its protobuf message (list metadata empty, as metrics-server's).
+pub fn pod_list_message(l: &ApiPodMetricsList) -> PodMetricsList {
+    PodMetricsList {
+        metadata: ListMeta::default(),
+        items: l.items.iter().map(pod_message).collect(),
+    }
+}
+
+/// A [`Status`](ApiStatus) as its protobuf message (envelope `v1` `Status`).
+pub fn status_message(status: &ApiStatus) -> Status {
+    let s = &status.0;
+    Status {
+        metadata: ListMeta::default(),
+        status: s.status.clone().unwrap_or_default(),
+        message: s.message.clone().unwrap_or_default(),
+        reason: s.reason.clone().unwrap_or_default(),
+        details: s.details.as_ref().map(|d| StatusDetails {
+            name: d.name.clone().unwrap_or_default(),
+            group: d.group.clone().unwrap_or_default(),
+            kind: d.kind.clone().unwrap_or_default(),
+            uid: d.uid.clone().unwrap_or_default(),
+            causes: d
+                .causes
+                .iter()
+                .flatten()
+                .map(|c| StatusCause {
+                    reason: c.reason.clone().unwrap_or_default(),
+                    message: c.message.clone().unwrap_or_default(),
+                    field: c.field.clone().unwrap_or_default(),
+                })
+                .collect(),
+            retry_after_seconds: d.retry_after_seconds.unwrap_or(0),
+        }),
+        code: i32::from(status.code()),
+    }
 }
 
 #[cfg(test)]

@@ -54,22 +54,15 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
-use crate::api::negotiate::{self, Endpoint};
+use crate::api::negotiate::{self, Encoding, Endpoint, Target, MEDIA_TYPES};
 use crate::api::selector::{
     aggregate, go_parse_int, is_dns1123_label, is_dns1123_subdomain, FieldSelector, LabelSelector,
 };
-use crate::api::table::{IncludeObject, TableOptions, TableVersion};
+use crate::api::table::{IncludeObject, TableOptions};
 use crate::api::types::{encode_json, go_quote, MetricsVersion, RequestAttributes, Status};
 
 /// Longest raw query string accepted, in bytes (kpulse's bound; the apiserver has none).
 pub const MAX_QUERY_BYTES: usize = 16 * 1024;
-
-/// The media types the metrics API serves, in the apiserver's order.
-pub const MEDIA_TYPES: [&str; 3] = [
-    "application/json",
-    "application/yaml",
-    "application/vnd.kubernetes.protobuf",
-];
 
 /// The media types a watch is served in (`MediaTypesForSerializer`'s stream types).
 pub const STREAM_MEDIA_TYPES: [&str; 2] = [
@@ -149,54 +142,6 @@ pub enum Verb {
     /// A watch on a collection (`?watch=true`): a stream of changes (`watch.rs`).
     /// metrics-server answers these with 405.
     Watch,
-}
-
-/// A serialization the API writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Encoding {
-    /// `application/json`.
-    Json,
-    /// `application/yaml` (the apiserver serves it: its JSON, converted to YAML).
-    Yaml,
-    /// `application/vnd.kubernetes.protobuf`.
-    Protobuf,
-}
-
-impl Encoding {
-    /// In the apiserver's order of preference.
-    pub(crate) const ALL: [Self; 3] = [Self::Json, Self::Yaml, Self::Protobuf];
-
-    /// The `Content-Type` the apiserver writes for it.
-    pub fn content_type(self) -> &'static str {
-        match self {
-            Self::Json => MEDIA_TYPES[0],
-            Self::Yaml => MEDIA_TYPES[1],
-            Self::Protobuf => MEDIA_TYPES[2],
-        }
-    }
-
-    /// The media subtype (`json`, `yaml`, `vnd.kubernetes.protobuf`).
-    pub(crate) fn subtype(self) -> &'static str {
-        match self {
-            Self::Json => "json",
-            Self::Yaml => "yaml",
-            Self::Protobuf => "vnd.kubernetes.protobuf",
-        }
-    }
-}
-
-/// What object the response holds (the `as=…;g=…;v=…` media type parameters).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Target {
-    /// The metrics object or list itself.
-    Object,
-    /// A `meta.k8s.io` Table (never protobuf).
-    Table(TableVersion),
-    /// `PartialObjectMetadata` of that `meta.k8s.io` version (only valid for a get or a
-    /// watch).
-    PartialObjectMetadata(TableVersion),
-    /// `PartialObjectMetadataList` of that `meta.k8s.io` version (only valid for a list).
-    PartialObjectMetadataList(TableVersion),
 }
 
 /// The negotiated response format.
@@ -1394,6 +1339,7 @@ fn go_time_quote(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::table::TableVersion;
 
     type RouteCase<'a> = (
         &'a str,

@@ -61,9 +61,11 @@ use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 
 use super::{
-    handler::{list_nodes, list_pods, proto_node, proto_pod},
+    negotiate::{Encoding, Target},
+    objects::{list_nodes, list_pods},
     proto,
-    request::{ApiError, ApiRequest, Encoding, Resource, Target},
+    proto::{node_message, pod_message},
+    request::{ApiError, ApiRequest, Resource},
     table::{self, RowObject, TableOptions, TableVersion},
     types::{encode_json, MetricsVersion, NodeMetrics, PodMetrics, Status},
 };
@@ -215,7 +217,7 @@ pub(super) fn start<C: Clock + 'static>(
         _ => {
             return Err(fail(Status::not_acceptable(format!(
                 "only the following media types are accepted: {}",
-                super::handler::SERVED_MEDIA_TYPES.join(", ")
+                super::negotiate::SERVED_MEDIA_TYPES.join(", ")
             ))))
         }
     };
@@ -670,7 +672,7 @@ impl Watched for NodeMetrics {
     }
 
     fn protobuf(&self, version: MetricsVersion) -> Vec<u8> {
-        proto::encode_object(version.api_version(), Self::KIND, &proto_node(self))
+        proto::encode_object(version.api_version(), Self::KIND, &node_message(self))
     }
 
     fn protobuf_bookmark(version: MetricsVersion) -> Vec<u8> {
@@ -712,7 +714,7 @@ impl Watched for PodMetrics {
     }
 
     fn protobuf(&self, version: MetricsVersion) -> Vec<u8> {
-        proto::encode_object(version.api_version(), Self::KIND, &proto_pod(self))
+        proto::encode_object(version.api_version(), Self::KIND, &pod_message(self))
     }
 
     fn protobuf_bookmark(version: MetricsVersion) -> Vec<u8> {

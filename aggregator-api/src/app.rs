@@ -10,17 +10,17 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 
 use crate::{
-    api::{
-        request::{preflight, Rejection, RequestParts},
-        types::{encode_json, Status},
-    },
+    api::request::{preflight, Rejection, RequestParts},
     auth::{
         chain::Chain,
         delegated::{internal_error_body, Attributes, Authorizer, Decision},
     },
+    body::{full, text, Body},
     health::{self, Check},
+    json::encode_json,
     selfmetrics::{RequestKind, SelfMetrics},
-    serve::{full, text, Body, Handler, Peer},
+    serve::{Handler, Peer},
+    status::Status,
 };
 
 /// Health checks per endpoint.

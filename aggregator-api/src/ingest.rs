@@ -74,8 +74,9 @@ use crate::{
         delegated::{AuthnFailure, TokenAuthenticator},
         x509::{self, CaBundle},
     },
+    body::{self, Body},
     selfmetrics::{IngestMetrics, OpenStream, RejectReason},
-    serve::{self, Body, Peer},
+    serve::{self, Peer},
     session::{check_hello, HelloError, Lease, Replaced, SessionError, Sessions},
     store::{Clock, SystemClock},
 };
@@ -136,7 +137,7 @@ impl Refusal {
             message: self.message.clone(),
         })
         .unwrap_or_default();
-        let mut r = Response::new(serve::full(body));
+        let mut r = Response::new(body::full(body));
         *r.status_mut() = self.status;
         r.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -1034,7 +1035,7 @@ mod tests {
         );
     }
 
-    use crate::serve::ChannelBody;
+    use crate::body::ChannelBody;
 
     struct Fixture {
         api: FakeApi,

@@ -18,18 +18,21 @@ pub mod agents;
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod body;
 pub mod config;
 pub mod feed;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod health;
 pub mod ingest;
+pub mod json;
 pub mod metadata;
 pub mod nodes;
 pub mod quantity;
 pub mod selfmetrics;
 pub mod serve;
 pub mod session;
+pub mod status;
 pub mod store;
 pub mod tls;
 

@@ -103,7 +103,7 @@ use crate::{
 pub enum RejectReason {
     /// Another path or method.
     BadRequest,
-    /// [`VERSION_HEADER`](crate::ingest::VERSION_HEADER) or the Hello's version missing, unreadable or of another major.
+    /// [`VERSION_HEADER`](kpulse_wire::stream::VERSION_HEADER) or the Hello's version missing, unreadable or of another major.
     BadVersion,
     /// The first message is not a readable Hello, or names no valid node.
     BadHello,

@@ -36,7 +36,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
@@ -49,6 +49,8 @@ use tokio::{
     time::Instant,
 };
 use tokio_rustls::TlsAcceptor;
+
+use crate::body::{text, Body};
 
 /// Default [`Limits::max_connections_per_ip`] (`--max-connections-per-ip`): a quarter of
 /// the API port's connections. A kube-apiserver needs a handful (one HTTP/2 connection
@@ -219,33 +221,6 @@ pub struct Peer {
     pub client_certs: Option<Arc<Vec<CertificateDer<'static>>>>,
 }
 
-/// A response body: whole (most answers) or streamed (watches).
-pub type Body = BoxBody<Bytes, std::convert::Infallible>;
-
-/// A whole response body.
-pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).boxed()
-}
-
-/// A body fed by a bounded channel: each message is one data frame, the body ends when
-/// every sender is gone (watch streams; request bodies in tests).
-#[derive(Debug)]
-pub struct ChannelBody(pub tokio::sync::mpsc::Receiver<Bytes>);
-
-impl hyper::body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|c| Ok(hyper::body::Frame::data(c))))
-    }
-}
-
 /// Answers requests. The body has already been read (bounded).
 pub trait Handler: Send + Sync + 'static {
     /// One request.
@@ -254,21 +229,6 @@ pub trait Handler: Send + Sync + 'static {
         req: Request<Bytes>,
         peer: &Peer,
     ) -> impl std::future::Future<Output = Response<Body>> + Send;
-}
-
-/// A plain-text response.
-pub fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
-    let mut r = Response::new(full(body));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r.headers_mut().insert(
-        "x-content-type-options",
-        http::HeaderValue::from_static("nosniff"),
-    );
-    r
 }
 
 /// Accepts connections on `listener` until `shutdown` resolves, then drains. Request
@@ -758,6 +718,7 @@ impl Drop for IpSlot {
 mod tests {
     use super::*;
     use crate::auth::x509::testing::TestCa;
+    use crate::body::full;
 
     /// Answers with the CN of the client certificate the connection presented.
     struct EchoCn;

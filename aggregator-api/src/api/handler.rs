@@ -46,14 +46,13 @@ use super::{
     proto,
     request::{self, ApiError, ApiRequest, ErrorEncoding, Rejection, RequestParts, Resource, Verb},
     table::{self, RowObject},
-    types::{
-        encode_json, encode_json_pretty, EncodeError, NodeMetrics, NodeMetricsList, PodMetrics,
-        PodMetricsList, Status,
-    },
+    types::{NodeMetrics, NodeMetricsList, PodMetrics, PodMetricsList},
 };
 use crate::{
+    body::{full, Body},
+    json::{encode_json, encode_json_pretty, EncodeError},
     metadata::MetadataSource,
-    serve::{full, Body},
+    status::Status,
     store::{Clock, Store, SystemClock},
 };
 
@@ -348,7 +347,7 @@ fn error_response(e: &ApiError) -> Response<Body> {
 /// 500s `http.Error` sends (Go's own 400 for an unparseable target has none).
 fn plain(code: u16, body: String) -> Response<Body> {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut r = crate::serve::text(status, body);
+    let mut r = crate::body::text(status, body);
     if code != 500 {
         r.headers_mut().remove("x-content-type-options");
     }
@@ -570,7 +569,7 @@ mod tests {
         })
     }
 
-    fn futures_body(body: crate::serve::Body) -> Vec<u8> {
+    fn futures_body(body: crate::body::Body) -> Vec<u8> {
         // A whole body is ready at once: one poll with a no-op waker collects it.
         let mut fut = std::pin::pin!(body.collect());
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());

@@ -125,7 +125,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        api::types::{encode_json, MetricsVersion, PodMetricsList},
+        api::types::{MetricsVersion, PodMetricsList},
+        json::encode_json,
         store::{ManualClock, StoreConfig},
     };
 

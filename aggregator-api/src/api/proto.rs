@@ -35,8 +35,9 @@ use std::{
 
 use super::types::{
     NodeMetrics as ApiNodeMetrics, NodeMetricsList as ApiNodeMetricsList,
-    PodMetrics as ApiPodMetrics, PodMetricsList as ApiPodMetricsList, Status as ApiStatus, Usage,
+    PodMetrics as ApiPodMetrics, PodMetricsList as ApiPodMetricsList, Usage,
 };
+use crate::status::Status as ApiStatus;
 use bytes::{Buf, BufMut};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 use prost::{

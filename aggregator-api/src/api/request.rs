@@ -59,7 +59,9 @@ use crate::api::selector::{
     aggregate, go_parse_int, is_dns1123_label, is_dns1123_subdomain, FieldSelector, LabelSelector,
 };
 use crate::api::table::{IncludeObject, TableOptions};
-use crate::api::types::{encode_json, go_quote, MetricsVersion, RequestAttributes, Status};
+use crate::api::types::MetricsVersion;
+use crate::json::encode_json;
+use crate::status::{go_quote, RequestAttributes, Status};
 
 /// Longest raw query string accepted, in bytes (kpulse's bound; the apiserver has none).
 pub const MAX_QUERY_BYTES: usize = 16 * 1024;

@@ -34,10 +34,9 @@
 //! kpulse-specific, not upstream: a selector longer than [`MAX_SELECTOR_BYTES`] or with more
 //! than [`MAX_REQUIREMENTS`] requirements (terms) is rejected with a message saying so.
 
+use crate::status::go_quote;
 use std::collections::BTreeMap;
 use std::fmt;
-
-use crate::api::types::go_quote;
 
 /// Longest selector accepted, in bytes (kpulse's bound; the apiserver has none).
 pub const MAX_SELECTOR_BYTES: usize = 16 * 1024;

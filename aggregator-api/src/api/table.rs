@@ -34,10 +34,11 @@ use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 
 use crate::api::types::{
-    GoListMeta, GoObjectMeta, MetricsVersion, NodeMetrics, NodeMetricsList, PodMetrics,
-    PodMetricsList, Status, Usage,
+    MetricsVersion, NodeMetrics, NodeMetricsList, PodMetrics, PodMetricsList, Usage,
 };
+use crate::json::{GoListMeta, GoObjectMeta};
 use crate::quantity::{self, Quantity};
+use crate::status::Status;
 
 /// The group version of the Table itself.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -384,7 +385,8 @@ mod tests {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use super::*;
-    use crate::api::types::{encode_json, encode_json_pretty, ContainerMetrics};
+    use crate::api::types::ContainerMetrics;
+    use crate::json::{encode_json, encode_json_pretty};
 
     const MI: u64 = 1 << 20;
 

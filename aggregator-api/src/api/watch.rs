@@ -67,11 +67,13 @@ use super::{
     proto::{node_message, pod_message},
     request::{ApiError, ApiRequest, Resource},
     table::{self, RowObject, TableOptions, TableVersion},
-    types::{encode_json, MetricsVersion, NodeMetrics, PodMetrics, Status},
+    types::{MetricsVersion, NodeMetrics, PodMetrics},
 };
 use crate::{
+    body::Body,
+    json::encode_json,
     metadata::MetadataSource,
-    serve::Body,
+    status::Status,
     store::{Clock, Store},
 };
 

@@ -36,7 +36,7 @@ use super::{
     x509::{self, CaBundle},
     AuthnError, UserInfo,
 };
-use crate::api::types::Status;
+use crate::status::Status;
 
 /// The anonymous user's name.
 pub const ANONYMOUS_USER: &str = "system:anonymous";

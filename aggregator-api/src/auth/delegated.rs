@@ -55,7 +55,7 @@ use tokio::{
 };
 
 use super::UserInfo;
-use crate::api::types::{go_quote, RequestAttributes};
+use crate::status::{go_quote, RequestAttributes};
 
 /// The group whose members every request is allowed to (k8s.io/apiserver's default
 /// `AlwaysAllowGroups`; there is no flag for it).
@@ -385,7 +385,7 @@ impl<'a> Attributes<'a> {
         }
     }
 
-    /// The request's attributes, for [`crate::api::types::Status::forbidden`].
+    /// The request's attributes, for [`crate::status::Status::forbidden`].
     pub fn request(&self) -> &RequestAttributes<'a> {
         &self.request
     }
@@ -466,7 +466,7 @@ pub enum Decision {
     /// Go ahead.
     Allow,
     /// 403, with the authorizer's reason (possibly empty) for
-    /// [`crate::api::types::Status::forbidden`].
+    /// [`crate::status::Status::forbidden`].
     Deny(String),
     /// No decision could be had (the API unreachable, timed out or erring): a plain-text
     /// 500 ([`internal_error_body`]). Fails closed.
@@ -483,7 +483,7 @@ impl Decision {
 /// The body the apiserver sends with a 500 when authorization failed
 /// (`responsewriters.InternalError`): `Internal Server Error: "<request URI>": <error>`,
 /// HTML-escaped, with a trailing newline, as `text/plain; charset=utf-8` with
-/// `X-Content-Type-Options: nosniff` ([`crate::serve::text`] sets both).
+/// `X-Content-Type-Options: nosniff` ([`crate::body::text`] sets both).
 pub fn internal_error_body(request_uri: &str, error: &str) -> String {
     let text = format!("Internal Server Error: {}: {error}", go_quote(request_uri));
     let mut body = text
@@ -1139,7 +1139,8 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::{testing::*, *};
-    use crate::api::types::{Status, GROUP};
+    use crate::api::types::GROUP;
+    use crate::status::Status;
 
     const TTL: Duration = Duration::from_millis(250);
 

@@ -771,7 +771,7 @@ async fn follow_file(
             }
             Some(Err(e)) => {
                 stamp = now;
-                let msg = crate::error::chain(&e);
+                let msg = kpulse_process::error_chain(&e);
                 if last_error.as_deref() != Some(msg.as_str()) {
                     tracing::error!(error = %msg, "pods file unusable; keeping the previous pods");
                     last_error = Some(msg);
@@ -860,7 +860,7 @@ async fn watch_pods(client: kube::Client, node_name: String, tx: watch::Sender<A
             }
             Err(e) => {
                 if !failing {
-                    tracing::warn!(error = %crate::error::chain(&e), "pod watch failing; retrying with backoff");
+                    tracing::warn!(error = %kpulse_process::error_chain(&e), "pod watch failing; retrying with backoff");
                     failing = true;
                 }
             }

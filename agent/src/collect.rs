@@ -1138,7 +1138,7 @@ impl Collector for AutoCollector {
                 if self.strikes < FALLBACK_AFTER {
                     return Err(p.into());
                 }
-                self.fall_back(&crate::error::chain(&p));
+                self.fall_back(&kpulse_process::error_chain(&p));
                 self.cgroupfs()
             }
         }

@@ -20,7 +20,6 @@ pub mod clock;
 pub mod collect;
 pub mod config;
 pub mod dump;
-pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod kernel_layout;
@@ -30,5 +29,4 @@ pub mod run;
 pub mod sample;
 pub mod selfmetrics;
 pub mod ship;
-pub mod shutdown;
 pub mod starttime;

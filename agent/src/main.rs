@@ -13,7 +13,6 @@ use kpulse_agent::{
     run::TickLoop,
     selfmetrics::{self, AgentMetrics},
     ship::{self, Credentials, Replicas, ShipConfig, Shipper},
-    shutdown,
 };
 use tracing::{info, warn};
 
@@ -68,7 +67,7 @@ fn collector(c: &CollectArgs) -> anyhow::Result<(Box<dyn Collector>, Layout)> {
     };
     let (collector, fallback) = collect::select(c.collector, scope, c.ebpf_object.as_deref())?;
     if let Some(reason) = fallback {
-        let reason = kpulse_agent::error::chain(&reason);
+        let reason = kpulse_process::error_chain(&reason);
         warn!(%reason, "eBPF collector unavailable, using cgroupfs");
     }
     info!(collector = %collector.source(), layout = layout.name(), "collector ready");
@@ -113,7 +112,7 @@ fn main_run(args: RunArgs) -> ExitCode {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Installed first: a SIGTERM from here on stops the agent cleanly.
-    let shutdown = shutdown::install().context("installing signal handlers")?;
+    let shutdown = kpulse_process::shutdown::install().context("installing signal handlers")?;
     if args.insecure_skip_tls_verify {
         warn!("--insecure-skip-tls-verify: the aggregator's certificate is NOT verified; for local tests only");
     }

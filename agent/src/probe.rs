@@ -336,7 +336,7 @@ impl CgroupIter {
         let prog_id = prog.info().map_err(prog_err("cgroup_stats"))?.id();
         // Start times are an addition: without them a new container's first value waits
         // for its second sample, so a failure here is reported, not fatal.
-        let births = attach_births(&mut ebpf, &btf).map_err(|e| crate::error::chain(&e));
+        let births = attach_births(&mut ebpf, &btf).map_err(|e| kpulse_process::error_chain(&e));
         // No process may write the records, the walk counters or the creation instants
         // from user space (by map id, with BPF_MAP_UPDATE_ELEM or a writable mmap); the
         // programs still can.

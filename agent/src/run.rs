@@ -172,7 +172,7 @@ impl TickLoop {
                 Ok(r) => r,
                 Err(e) => {
                     metrics.collection_errors.inc();
-                    let msg = crate::error::chain(&e);
+                    let msg = kpulse_process::error_chain(&e);
                     if seen.error.as_deref() != Some(msg.as_str()) {
                         tracing::error!(error = %msg, "collection failed; tick skipped");
                         seen.error = Some(msg);

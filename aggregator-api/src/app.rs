@@ -158,7 +158,7 @@ fn metrics_answer(metrics: &SelfMetrics, method: &http::Method) -> Response<Body
             r
         }
         Err(e) => {
-            tracing::warn!(error = %crate::error_chain(&e), "cannot serve /metrics");
+            tracing::warn!(error = %kpulse_process::error_chain(&e), "cannot serve /metrics");
             text(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "cannot encode the metrics\n",

@@ -293,7 +293,7 @@ pub async fn follow<C: Clock + 'static>(path: PathBuf, sessions: Arc<Sessions<C>
                             if let Err(e) = feed.apply(line) {
                                 tracing::warn!(
                                     path = %path.display(),
-                                    error = %crate::error_chain(&e),
+                                    error = %kpulse_process::error_chain(&e),
                                     "feed: line not applied"
                                 );
                             }

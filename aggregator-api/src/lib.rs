@@ -35,15 +35,3 @@ pub mod session;
 pub mod status;
 pub mod store;
 pub mod tls;
-
-/// `outer: cause: root cause`, for log fields.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}

@@ -62,7 +62,7 @@ fn main() -> ExitCode {
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
     // Installed before the port is bound: a SIGTERM from then on drains.
-    let shutdown = shutdown_signal();
+    let shutdown = kpulse_process::shutdown::install().context("installing signal handlers")?;
     let source = match (&cfg.tls_cert_file, &cfg.tls_private_key_file) {
         (Some(cert), Some(key)) => tls::CertSource::Files {
             cert: cert.clone(),
@@ -470,23 +470,4 @@ async fn security(cfg: &Config, client: Option<kube::Client>) -> anyhow::Result<
         }
     };
     Ok(Security { chain, authorizer })
-}
-
-/// SIGTERM or SIGINT; the handlers are installed when this is called, not when awaited.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let handlers = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    );
-    async move {
-        let (Ok(mut term), Ok(mut int)) = handlers else {
-            tracing::error!("cannot install signal handlers; stop with SIGKILL");
-            return std::future::pending().await;
-        };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-        }
-    }
 }

@@ -12,10 +12,6 @@ use std::{
 use arc_swap::ArcSwap;
 use rustls::{
     crypto::ring as provider,
-    pki_types::{
-        pem::{self, PemObject as _},
-        CertificateDer, PrivateKeyDer,
-    },
     server::{ClientHello, ResolvesServerCert},
     sign::CertifiedKey,
     SupportedCipherSuite, SupportedProtocolVersion,
@@ -33,14 +29,9 @@ pub enum TlsError {
         #[source]
         source: std::io::Error,
     },
-    /// A PEM file held no usable certificate or key.
-    #[error("{path}: {reason}")]
-    Pem {
-        /// The file.
-        path: PathBuf,
-        /// What was wrong.
-        reason: String,
-    },
+    /// A PEM file could not be read or held no usable certificate or key.
+    #[error(transparent)]
+    Pem(#[from] kpulse_process::pem::PemError),
     /// rustls refused the key or configuration.
     #[error("TLS configuration")]
     Rustls(#[from] rustls::Error),
@@ -118,33 +109,8 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
 
 /// Loads a certificate chain and its private key from PEM files.
 pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
-    let read = |p: &Path| {
-        std::fs::read(p).map_err(|source| TlsError::Io {
-            path: p.to_path_buf(),
-            source,
-        })
-    };
-    let cert_pem = read(cert)?;
-    let chain: Vec<_> = CertificateDer::pem_slice_iter(&cert_pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| TlsError::Pem {
-            path: cert.to_path_buf(),
-            reason: e.to_string(),
-        })?;
-    if chain.is_empty() {
-        return Err(TlsError::Pem {
-            path: cert.to_path_buf(),
-            reason: "no CERTIFICATE block".into(),
-        });
-    }
-    let key_pem = read(key)?;
-    let der = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::Pem {
-        path: key.to_path_buf(),
-        reason: match e {
-            pem::Error::NoItemsFound => "no PRIVATE KEY block".into(),
-            e => e.to_string(),
-        },
-    })?;
+    let chain = kpulse_process::pem::certificates(cert)?;
+    let der = kpulse_process::pem::private_key(key)?;
     let signing = provider::sign::any_supported_type(&der)?;
     Ok(CertifiedKey::new(chain, signing))
 }
@@ -190,7 +156,7 @@ impl ReloadingCert {
             }
             Err(e) => {
                 // Half-written files are normal during a rotation: try again next time.
-                tracing::warn!(error = %crate::error_chain(&e), "serving certificate not reloaded");
+                tracing::warn!(error = %kpulse_process::error_chain(&e), "serving certificate not reloaded");
                 false
             }
         }

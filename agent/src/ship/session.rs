@@ -307,7 +307,7 @@ struct Report<'a> {
 
 impl Report<'_> {
     fn failed(&mut self, e: &StreamError) {
-        let msg = crate::error::chain(e);
+        let msg = kpulse_process::error_chain(e);
         if self.last.as_deref() == Some(msg.as_str()) {
             tracing::debug!(replica = %self.replica, error = %msg, "stream failed again");
             return;

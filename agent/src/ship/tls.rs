@@ -1,41 +1,23 @@
 //! The client side of the stream's TLS: rustls with ring, ALPN `h2`, the aggregator's CA
 //! bundle, and an optional client certificate (mTLS, standalone).
 
-use std::{
-    path::{Path, PathBuf},
-    sync::Arc,
-};
+use std::{path::PathBuf, sync::Arc};
+
+use kpulse_process::pem::{self, PemError};
 
 use rustls::{
     client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
     crypto::{ring, CryptoProvider},
-    pki_types::{
-        pem::{self, PemObject as _},
-        CertificateDer, PrivateKeyDer, ServerName, UnixTime,
-    },
+    pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime},
     DigitallySignedStruct, SignatureScheme,
 };
 
 /// Errors building the client configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    /// A file could not be read.
-    #[error("cannot read {path}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A PEM file held nothing usable.
-    #[error("{path}: {reason}")]
-    Pem {
-        /// The file.
-        path: PathBuf,
-        /// What was wrong.
-        reason: String,
-    },
+    /// A PEM file could not be read or held nothing usable.
+    #[error(transparent)]
+    Pem(#[from] PemError),
     /// rustls refused the configuration (a key that does not match, ...).
     #[error("TLS configuration")]
     Rustls(#[from] rustls::Error),
@@ -66,13 +48,13 @@ pub fn client_config(opts: &TlsOptions) -> Result<Arc<rustls::ClientConfig>, Tls
     } else {
         let ca = opts.ca_file.as_deref().ok_or(TlsError::NoTrust)?;
         let mut roots = rustls::RootCertStore::empty();
-        for cert in read_certs(ca)? {
+        for cert in pem::certificates(ca)? {
             roots.add(cert)?;
         }
         Trust::Roots(roots)
     };
     let client = match &opts.client_cert {
-        Some((cert, key)) => Some((read_certs(cert)?, read_key(key)?)),
+        Some((cert, key)) => Some((pem::certificates(cert)?, pem::private_key(key)?)),
         None => None,
     };
     client_config_from(trust, client)
@@ -113,41 +95,6 @@ pub fn client_config_from(
     };
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = read(path)?;
-    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| TlsError::Pem {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
-    if certs.is_empty() {
-        return Err(TlsError::Pem {
-            path: path.to_path_buf(),
-            reason: "no CERTIFICATE block".into(),
-        });
-    }
-    Ok(certs)
-}
-
-fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let pem = read(path)?;
-    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| TlsError::Pem {
-        path: path.to_path_buf(),
-        reason: match e {
-            pem::Error::NoItemsFound => "no PRIVATE KEY block".into(),
-            e => e.to_string(),
-        },
-    })
 }
 
 /// `--insecure-skip-tls-verify`: any certificate, but the handshake's signatures are still

@@ -6,7 +6,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 /// Installs the SIGTERM and SIGINT handlers now (so that a signal arriving from here on is
 /// not lost, and no longer kills the process), and returns a future that resolves at the
-/// first of them. Needs a Tokio runtime.
+/// first of them, logging which. Needs a Tokio runtime.
 ///
 /// # Errors
 ///

@@ -49,7 +49,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kpulse_wire::{
     stream::{PodCounters, PodMeta},
-    Bytes, CgroupId, ContainerSample, CpuNanos, UnixNanos,
+    ContainerSample,
 };
 use serde::Deserialize;
 use tokio::sync::watch;
@@ -483,11 +483,11 @@ impl PodIndex {
             };
             measured.entry(&r.pod).or_default().push(ContainerSample {
                 name: r.name.clone(),
-                timestamp: UnixNanos(snap.timestamp.0),
-                cgroup_id: Some(CgroupId(c.id.0)),
+                timestamp: snap.timestamp,
+                cgroup_id: Some(c.id),
                 started_at: None,
-                cpu: CpuNanos(cpu.0),
-                memory_working_set: Bytes(memory.working_set.0),
+                cpu,
+                memory_working_set: memory.working_set,
             });
         }
         let mut counters = Vec::new();
@@ -878,7 +878,9 @@ mod tests {
     };
 
     use super::*;
-    use crate::sample::{self, CgroupSample, Memory, NodeSample, Source};
+    use crate::sample::{
+        self, Bytes, CgroupId, CgroupSample, CpuNanos, Memory, NodeSample, Source, UnixNanos,
+    };
 
     const U1: &str = "5f8c0f2a-1b2c-4d3e-9f00-0123456789ab";
     const U2: &str = "0b5e0000-1111-4222-8333-444455556666";

@@ -66,10 +66,10 @@ pub fn tick(
 ) -> Tick {
     Tick {
         node: NodeSample {
-            timestamp: UnixNanos(snap.timestamp.0),
+            timestamp: snap.timestamp,
             started_at: node_started_at,
-            cpu: kpulse_wire::CpuNanos(snap.node.cpu.0),
-            memory_working_set: kpulse_wire::Bytes(snap.node.memory_working_set.0),
+            cpu: snap.node.cpu,
+            memory_working_set: snap.node.memory_working_set,
         },
         pods: pods.clone(),
         counters: attribution.counters,

@@ -2,25 +2,8 @@
 
 use serde::Serialize;
 
-/// A cgroup id: the kernfs node id, which is also the inode number of the cgroup's directory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(transparent)]
-pub struct CgroupId(pub u64);
-
-/// Cumulative CPU time in nanoseconds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(transparent)]
-pub struct CpuNanos(pub u64);
-
-/// A quantity of memory in bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(transparent)]
-pub struct Bytes(pub u64);
-
-/// Nanoseconds since the Unix epoch (CLOCK_REALTIME), as metrics timestamps are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(transparent)]
-pub struct UnixNanos(pub u64);
+/// The units are the wire's: what is collected is what is sent, with no conversion.
+pub use kpulse_wire::{Bytes, CgroupId, CpuNanos, UnixNanos};
 
 /// Which collector produced a sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -55,6 +55,7 @@ use kpulse_agent::{
     layout::Layout,
     ship::{self, Credentials, Replicas, ShipConfig, Shipper, Tick},
 };
+use kpulse_testkit::review_api::ReviewApi;
 use kpulse_wire::{
     stream::{
         encode, AgentMessage, Decoder, PodCounters, PodMeta, ServerMessage, STREAM_PATH, VERSION,
@@ -75,7 +76,6 @@ const SIM_NODES: [&str; 2] = ["e2e-sim-1", "e2e-sim-2"];
 const SIM_NS: &str = "e2e-sim";
 /// The node a stolen token tries to stream, and the node it is bound to.
 const STOLEN_FOR: &str = "node-b";
-const AGENT_SA: &str = "system:serviceaccount:kpulse-system:kpulse-agent";
 /// The servers' `--metric-expiry`.
 const EXPIRY: Duration = Duration::from_secs(3);
 /// The agent's `--resolution` (its default) and the simulated agents' tick.
@@ -280,115 +280,6 @@ impl Pki {
         self.clients
             .get(node)
             .unwrap_or_else(|| panic!("no client certificate for {node}"))
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// The Kubernetes API double: TokenReview and SubjectAccessReview.
-//
-// `kpulse-test` is kubectl's user `tester` (allowed everything); `node-a-token` is an
-// agent's projected token bound to node-a (audience `kpulse`).
-
-struct FakeApi {
-    port: u16,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl FakeApi {
-    fn start() -> FakeApi {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the fake API");
-        let port = listener.local_addr().expect("fake API address").port();
-        listener
-            .set_nonblocking(true)
-            .expect("nonblocking fake API listener");
-        let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("fake API runtime");
-            rt.block_on(async move {
-                let listener =
-                    tokio::net::TcpListener::from_std(listener).expect("fake API listener");
-                loop {
-                    let (tcp, _) = tokio::select! {
-                        _ = &mut rx => return,
-                        a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
-                    };
-                    tokio::spawn(async move {
-                        let svc =
-                            hyper::service::service_fn(|req: http::Request<Incoming>| async move {
-                                let path = req.uri().path().to_string();
-                                let body = req
-                                    .into_body()
-                                    .collect()
-                                    .await
-                                    .map(|c| c.to_bytes())
-                                    .unwrap_or_default();
-                                let v: Value = serde_json::from_slice(&body).unwrap_or_default();
-                                let status = if path.ends_with("/tokenreviews") {
-                                    token_review(&v["spec"])
-                                } else if v["spec"]["user"] == "tester" {
-                                    serde_json::json!({"allowed": true})
-                                } else {
-                                    serde_json::json!({"allowed": false, "denied": true})
-                                };
-                                let mut out = v.clone();
-                                out["status"] = status;
-                                Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(
-                                    Bytes::from(out.to_string()),
-                                )))
-                            });
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(tcp), svc)
-                            .await;
-                    });
-                }
-            });
-        });
-        FakeApi {
-            port,
-            stop: Some(tx),
-            thread: Some(thread),
-        }
-    }
-
-    /// The servers' kubeconfig for this API.
-    fn kubeconfig(&self, dir: &Path) -> PathBuf {
-        let path = dir.join("api-kubeconfig");
-        write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: api\n  cluster:\n    server: http://127.0.0.1:{}\nusers:\n- name: server\n  user: {{token: server-token}}\ncontexts:\n- name: api\n  context: {{cluster: api, user: server}}\ncurrent-context: api\n",
-                self.port
-            ),
-        );
-        path
-    }
-}
-
-fn token_review(spec: &Value) -> Value {
-    match spec["token"].as_str() {
-        Some("node-a-token") if spec["audiences"] == serde_json::json!(["kpulse"]) => {
-            serde_json::json!({"authenticated": true, "audiences": ["kpulse"], "user": {
-                "username": AGENT_SA,
-                "extra": {"authentication.kubernetes.io/node-name": ["node-a"]}}})
-        }
-        Some("kpulse-test") => serde_json::json!({"authenticated": true,
-            "user": {"username": "tester", "groups": ["dev"]}}),
-        _ => serde_json::json!({"authenticated": false}),
-    }
-}
-
-impl Drop for FakeApi {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
@@ -1097,7 +988,7 @@ fn pipeline_end_to_end() {
     std::fs::create_dir_all(&dir.0).expect("test directory");
     let nodes: Vec<&str> = std::iter::once(NODE).chain(SIM_NODES).collect();
     let pki = pki(&dir.0, &nodes);
-    let api = FakeApi::start();
+    let api = ReviewApi::standard();
     let api_kubeconfig = api.kubeconfig(&dir.0);
 
     // The real node's cgroups: the agent's --cgroup-root, and an idle pod (a sleeping

@@ -13,191 +13,23 @@ use common::AcceptAny;
 
 use std::{
     collections::BTreeMap,
-    convert::Infallible,
     io::Write as _,
     net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use kpulse_testkit::review_api::{ReviewApi, AGENT};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
 
-const AGENT: &str = "system:serviceaccount:kpulse-system:kpulse-agent";
 const V1B1: &str = "/apis/metrics.k8s.io/v1beta1";
-
-// ---------------------------------------------------------------------------------------
-// The Kubernetes API double.
-
-type Review = dyn Fn(&str, &Value) -> Value + Send + Sync;
-
-/// A stand-in for the Kubernetes API: answers TokenReviews and SubjectAccessReviews with
-/// `review(kind, spec)` (kind `tokenreviews` or `subjectaccessreviews`) and records every
-/// spec it was sent.
-struct FakeApi {
-    port: u16,
-    seen: Arc<Mutex<Vec<(String, Value)>>>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl FakeApi {
-    fn start(review: Arc<Review>) -> FakeApi {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind fake API");
-        let port = listener.local_addr().expect("addr").port();
-        listener.set_nonblocking(true).expect("nonblocking");
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let record = seen.clone();
-        let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                loop {
-                    let (tcp, _) = tokio::select! {
-                        _ = &mut rx => return,
-                        a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
-                    };
-                    let review = review.clone();
-                    let record = record.clone();
-                    tokio::spawn(async move {
-                        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                            let review = review.clone();
-                            let record = record.clone();
-                            async move {
-                                let kind = req
-                                    .uri()
-                                    .path()
-                                    .rsplit('/')
-                                    .next()
-                                    .unwrap_or_default()
-                                    .to_string();
-                                let body = req
-                                    .into_body()
-                                    .collect()
-                                    .await
-                                    .map(|c| c.to_bytes())
-                                    .unwrap_or_default();
-                                let mut v: Value =
-                                    serde_json::from_slice(&body).unwrap_or_default();
-                                let status = review(&kind, &v["spec"]);
-                                if let Ok(mut seen) = record.lock() {
-                                    seen.push((kind, v["spec"].clone()));
-                                }
-                                v["status"] = status;
-                                Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(
-                                    v.to_string(),
-                                ))))
-                            }
-                        });
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(tcp), svc)
-                            .await;
-                    });
-                }
-            });
-        });
-        FakeApi {
-            port,
-            seen,
-            stop: Some(tx),
-            thread: Some(thread),
-        }
-    }
-
-    /// The usual answers: tokens `kpulse-test` (user `tester`, group `dev`), `denied-token`
-    /// (user `nobody`) and, for audience `kpulse` only, `node-a-token` (the agent of
-    /// node-a); SubjectAccessReviews allow `tester` only.
-    fn standard() -> FakeApi {
-        FakeApi::start(Arc::new(|kind: &str, spec: &Value| {
-            if kind == "tokenreviews" {
-                let kpulse = spec["audiences"] == json!(["kpulse"]);
-                match spec["token"].as_str().unwrap_or_default() {
-                    "kpulse-test" => {
-                        json!({"authenticated": true, "user": {"username": "tester", "groups": ["dev"]}})
-                    }
-                    "denied-token" => {
-                        json!({"authenticated": true, "user": {"username": "nobody"}})
-                    }
-                    "node-a-token" if kpulse => {
-                        json!({"authenticated": true, "audiences": ["kpulse"],
-                        "user": {"username": AGENT,
-                                 "extra": {"authentication.kubernetes.io/node-name": ["node-a"]}}})
-                    }
-                    _ => json!({"authenticated": false}),
-                }
-            } else if spec["user"] == "tester" {
-                json!({"allowed": true})
-            } else {
-                json!({"allowed": false, "denied": true, "reason": "not in the test's list"})
-            }
-        }))
-    }
-
-    /// The users SubjectAccessReviews were asked about, in order.
-    fn reviewed_users(&self) -> Vec<String> {
-        self.seen
-            .lock()
-            .map(|s| {
-                s.iter()
-                    .filter(|(k, _)| k == "subjectaccessreviews")
-                    .map(|(_, spec)| spec["user"].as_str().unwrap_or_default().to_string())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    fn reviews(&self, kind: &str) -> usize {
-        self.seen
-            .lock()
-            .map(|s| s.iter().filter(|(k, _)| k == kind).count())
-            .unwrap_or_default()
-    }
-
-    /// Closes the port and every connection: from now on the API is unreachable.
-    fn stop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-
-    fn kubeconfig(&self, dir: &Path) -> PathBuf {
-        self.kubeconfig_with_token(dir, "server-token")
-    }
-
-    /// A kubeconfig for the server, which authenticates to the API with `token`.
-    fn kubeconfig_with_token(&self, dir: &Path, token: &str) -> PathBuf {
-        let path = dir.join("api-kubeconfig");
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: api\n  cluster:\n    server: http://127.0.0.1:{}\nusers:\n- name: server\n  user: {{token: {token}}}\ncontexts:\n- name: api\n  context: {{cluster: api, user: server}}\ncurrent-context: api\n",
-                self.port
-            ),
-        )
-        .expect("api kubeconfig");
-        path
-    }
-}
-
-impl Drop for FakeApi {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // Certificates.
@@ -673,7 +505,7 @@ async fn self_metric(port: u16, name: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_front_proxy_names_users_and_bad_certificates_do_not_authenticate() {
     let dir = temp_dir("authn");
-    let api = FakeApi::standard();
+    let api = ReviewApi::standard();
     let proxy_ca = Ca::new("front-proxy-ca");
     let client_ca = Ca::new("client-ca");
     let stranger = Ca::new("stranger-ca");
@@ -781,7 +613,7 @@ async fn only_the_front_proxy_names_users_and_bad_certificates_do_not_authentica
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn odd_names_and_encodings_get_the_apiservers_answers() {
     let dir = temp_dir("names");
-    let api = FakeApi::standard();
+    let api = ReviewApi::standard();
     let feed = dir.join("feed.jsonl");
     let _feeder = Feeder::start(feed.clone(), 3, Duration::from_millis(200));
     let args = strings(&[
@@ -1000,7 +832,7 @@ fn server_messages(body: &[u8]) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_oversized_agent_frames_are_refused() {
     let dir = temp_dir("frames");
-    let api = FakeApi::standard();
+    let api = ReviewApi::standard();
     let args = strings(&[
         "--authentication-skip-lookup",
         "--kubeconfig",
@@ -1071,7 +903,7 @@ async fn malformed_and_oversized_agent_frames_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_and_connection_limits_of_the_binary() {
     let dir = temp_dir("limits");
-    let api = FakeApi::standard();
+    let api = ReviewApi::standard();
     let args = strings(&[
         "--authentication-skip-lookup",
         "--kubeconfig",
@@ -1302,7 +1134,7 @@ async fn request_and_connection_limits_of_the_binary() {
 async fn an_unreachable_kubernetes_api_fails_closed_and_cached_answers_last_their_ttl() {
     const TTL: Duration = Duration::from_secs(4);
     let dir = temp_dir("outage");
-    let mut api = FakeApi::standard();
+    let mut api = ReviewApi::standard();
     let args = strings(&[
         "--authentication-skip-lookup",
         "--kubeconfig",
@@ -1406,7 +1238,7 @@ async fn watchers_that_stop_reading_are_dropped_and_memory_stays_bounded() {
     const STUCK_H1: usize = 2;
     const STUCK_H2: usize = 2;
     let dir = temp_dir("watchers");
-    let api = FakeApi::standard();
+    let api = ReviewApi::standard();
     let feed = dir.join("feed.jsonl");
     let _feeder = Feeder::start_with_blob(feed.clone(), PODS, 2500, Duration::from_millis(500));
     let args = strings(&[
@@ -1579,7 +1411,7 @@ async fn no_secret_or_token_ever_appears_in_logs() {
     const AGENT_TOKEN: &str = "SECRET-AGENT-TOKEN-b7e2d0";
     const SERVER_TOKEN: &str = "SECRET-SERVER-TOKEN-0c5e7a";
     let dir = temp_dir("secrets");
-    let api = FakeApi::start(Arc::new(|kind: &str, spec: &Value| {
+    let api = ReviewApi::start(Arc::new(|kind: &str, spec: &Value| {
         if kind == "tokenreviews" {
             let kpulse = spec["audiences"] == json!(["kpulse"]);
             match spec["token"].as_str().unwrap_or_default() {

@@ -6,14 +6,10 @@ mod common;
 use common::AcceptAny;
 
 use std::{
-    convert::Infallible,
     net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    },
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -21,147 +17,23 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use kpulse_testkit::review_api::ReviewApi;
 use kpulse_wire::stream::{
     encode, AgentMessage, Decoder, Hello, PodCounters, PodMeta, ServerMessage, Snapshot, Update,
     STREAM_PATH, VERSION, VERSION_HEADER,
 };
 use kpulse_wire::{ContainerSample, CpuNanos, NodeSample, UnixNanos};
+use serde_json::Value;
 use tokio::sync::mpsc;
 
 const KUBECTL: &str = "/usr/bin/kubectl";
-const AGENT: &str = "system:serviceaccount:kpulse-system:kpulse-agent";
-
-/// TokenReviews of the agent's token, with and without the `kpulse` audience.
-#[derive(Default)]
-struct Reviews {
-    with_audience: AtomicUsize,
-    without_audience: AtomicUsize,
-}
-
-/// A stand-in for the Kubernetes API. TokenReview: `node-a-token` is the agent's projected
-/// token, bound to node-a, valid for audience `kpulse` only; `kpulse-test` is kubectl's
-/// user `tester`. SubjectAccessReview allows `tester`.
-struct FakeApi {
-    port: u16,
-    reviews: Arc<Reviews>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl FakeApi {
-    fn start() -> FakeApi {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind fake API");
-        let port = listener.local_addr().expect("addr").port();
-        listener.set_nonblocking(true).expect("nonblocking");
-        let reviews = Arc::new(Reviews::default());
-        let counted = reviews.clone();
-        let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                loop {
-                    let (tcp, _) = tokio::select! {
-                        _ = &mut rx => return,
-                        a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
-                    };
-                    let counted = counted.clone();
-                    tokio::spawn(async move {
-                        let svc =
-                            hyper::service::service_fn(move |req: http::Request<Incoming>| {
-                                let counted = counted.clone();
-                                async move {
-                                    let path = req.uri().path().to_string();
-                                    let body = req
-                                        .into_body()
-                                        .collect()
-                                        .await
-                                        .map(|c| c.to_bytes())
-                                        .unwrap_or_default();
-                                    let v: serde_json::Value =
-                                        serde_json::from_slice(&body).unwrap_or_default();
-                                    let status = if path.ends_with("/tokenreviews") {
-                                        review(&v["spec"], &counted)
-                                    } else if v["spec"]["user"] == "tester" {
-                                        serde_json::json!({"allowed": true})
-                                    } else {
-                                        serde_json::json!({"allowed": false, "denied": true})
-                                    };
-                                    let mut out = v.clone();
-                                    out["status"] = status;
-                                    Ok::<_, Infallible>(http::Response::new(
-                                        http_body_util::Full::new(Bytes::from(out.to_string())),
-                                    ))
-                                }
-                            });
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(tcp), svc)
-                            .await;
-                    });
-                }
-            });
-        });
-        FakeApi {
-            port,
-            reviews,
-            stop: Some(tx),
-            thread: Some(thread),
-        }
-    }
-
-    fn kubeconfig(&self, dir: &Path) -> PathBuf {
-        let path = dir.join("api-kubeconfig");
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: api\n  cluster:\n    server: http://127.0.0.1:{}\nusers:\n- name: server\n  user: {{token: server-token}}\ncontexts:\n- name: api\n  context: {{cluster: api, user: server}}\ncurrent-context: api\n",
-                self.port
-            ),
-        )
-        .expect("api kubeconfig");
-        path
-    }
-}
-
-fn review(spec: &serde_json::Value, reviews: &Reviews) -> serde_json::Value {
-    let kpulse = spec["audiences"] == serde_json::json!(["kpulse"]);
-    match spec["token"].as_str() {
-        Some("node-a-token") if kpulse => {
-            reviews.with_audience.fetch_add(1, Ordering::SeqCst);
-            serde_json::json!({"authenticated": true, "audiences": ["kpulse"], "user": {
-                "username": AGENT,
-                "extra": {"authentication.kubernetes.io/node-name": ["node-a"]}}})
-        }
-        Some("node-a-token") => {
-            reviews.without_audience.fetch_add(1, Ordering::SeqCst);
-            serde_json::json!({"authenticated": false})
-        }
-        Some("kpulse-test") => serde_json::json!({"authenticated": true,
-            "user": {"username": "tester", "groups": ["dev"]}}),
-        _ => serde_json::json!({"authenticated": false}),
-    }
-}
-
-impl Drop for FakeApi {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
 
 struct Server {
     child: Child,
     port: u16,
     ingest_port: u16,
     dir: PathBuf,
-    api: FakeApi,
+    api: ReviewApi,
 }
 
 impl Drop for Server {
@@ -184,7 +56,7 @@ fn start(name: &str) -> Server {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let (port, ingest_port) = (free_port(), free_port());
-    let api = FakeApi::start();
+    let api = ReviewApi::standard();
     let child = Command::new(env!("CARGO_BIN_EXE_kpulse-aggregator-api"))
         .args(["--bind-address", "127.0.0.1", "--secure-port"])
         .arg(port.to_string())
@@ -618,8 +490,20 @@ async fn agents_stream_their_own_node_and_kubectl_sees_it() {
         assert!(out.contains(line), "{line} missing from {out}");
     }
     // Every review of the agent's token asked for audience kpulse.
-    assert!(s.api.reviews.with_audience.load(Ordering::SeqCst) >= 1);
-    assert_eq!(s.api.reviews.without_audience.load(Ordering::SeqCst), 0);
+    let agent_reviews: Vec<Value> = s
+        .api
+        .seen()
+        .into_iter()
+        .filter(|(kind, spec)| kind == "tokenreviews" && spec["token"] == "node-a-token")
+        .map(|(_, spec)| spec["audiences"].clone())
+        .collect();
+    assert!(!agent_reviews.is_empty());
+    assert!(
+        agent_reviews
+            .iter()
+            .all(|a| *a == serde_json::json!(["kpulse"])),
+        "{agent_reviews:?}"
+    );
 
     // A newer stream for node-a replaces the older one, which is told why.
     updater.abort();

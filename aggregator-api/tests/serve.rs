@@ -12,97 +12,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+use kpulse_testkit::review_api::ReviewApi;
+
 struct Server {
     child: Child,
     port: u16,
     dir: PathBuf,
-    _api: FakeApi,
-}
-
-/// A stand-in for the Kubernetes API: TokenReview accepts `kpulse-test` (user `tester`)
-/// and `denied-token` (user `nobody`); SubjectAccessReview allows `tester` only.
-struct FakeApi {
-    port: u16,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl FakeApi {
-    fn start() -> FakeApi {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind fake API");
-        let port = listener.local_addr().expect("addr").port();
-        listener.set_nonblocking(true).expect("nonblocking");
-        let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                loop {
-                    let (tcp, _) = tokio::select! {
-                        _ = &mut rx => return,
-                        a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
-                    };
-                    tokio::spawn(async move {
-                        let svc = hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async move {
-                            use http_body_util::BodyExt;
-                            let path = req.uri().path().to_string();
-                            let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-                            let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-                            let status = if path.ends_with("/tokenreviews") {
-                                match v["spec"]["token"].as_str() {
-                                    Some("kpulse-test") => serde_json::json!({"authenticated": true, "user": {"username": "tester", "groups": ["dev"]}}),
-                                    Some("denied-token") => serde_json::json!({"authenticated": true, "user": {"username": "nobody"}}),
-                                    _ => serde_json::json!({"authenticated": false}),
-                                }
-                            } else if v["spec"]["user"] == "tester" {
-                                serde_json::json!({"allowed": true})
-                            } else {
-                                serde_json::json!({"allowed": false, "denied": true, "reason": "not in the test's list"})
-                            };
-                            let mut out = v.clone();
-                            out["status"] = status;
-                            Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(bytes::Bytes::from(out.to_string()))))
-                        });
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                            .await;
-                    });
-                }
-            });
-        });
-        FakeApi {
-            port,
-            stop: Some(tx),
-            thread: Some(thread),
-        }
-    }
-
-    fn kubeconfig(&self, dir: &Path) -> PathBuf {
-        let path = dir.join("api-kubeconfig");
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: api\n  cluster:\n    server: http://127.0.0.1:{}\nusers:\n- name: server\n  user: {{token: server-token}}\ncontexts:\n- name: api\n  context: {{cluster: api, user: server}}\ncurrent-context: api\n",
-                self.port
-            ),
-        )
-        .expect("api kubeconfig");
-        path
-    }
-}
-
-impl Drop for FakeApi {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+    _api: ReviewApi,
 }
 
 impl Drop for Server {
@@ -125,7 +41,7 @@ fn start(name: &str, extra: &[&str]) -> Server {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let port = free_port();
-    let api = FakeApi::start();
+    let api = ReviewApi::standard();
     let child = Command::new(env!("CARGO_BIN_EXE_kpulse-aggregator-api"))
         .args([
             "--bind-address",

@@ -4,6 +4,10 @@
 //! - [`replay_fuzz_inputs`]: the normal test suite's replay of the committed fuzz inputs
 //!   (`fuzz/corpus/<target>/` and `fuzz/regressions/<target>/`) through the same bodies
 //!   cargo-fuzz runs (see docs/fuzzing.md).
+//! - [`review_api::ReviewApi`]: the Kubernetes API double (TokenReview,
+//!   SubjectAccessReview) of the integration tests that run a server alone.
+
+pub mod review_api;
 
 use std::path::{Path, PathBuf};
 

@@ -10,6 +10,31 @@
 //! (objects, selectors, encodings, watches) → [`app`] (authentication, authorization,
 //! health) → [`serve`] (HTTPS).
 //!
+//! # One request, from the socket to the response
+//!
+//! Open these files in this order to follow a `GET /apis/metrics.k8s.io/v1beta1/pods`:
+//!
+//! 1. `serve.rs`: the accept loop, TLS (`tls.rs`, `auth/tls.rs`), HTTP/1.1 or HTTP/2, the
+//!    body read whole within its bounds, then the [`serve::Handler`].
+//! 2. `app.rs`: health endpoints; otherwise `api/request.rs`'s `preflight` (the request's
+//!    attributes), authentication (`auth/chain.rs`: front-proxy headers, client
+//!    certificates, tokens through `auth/delegated.rs`), authorization (a
+//!    SubjectAccessReview, `auth/delegated.rs`), then the router. Every request is counted
+//!    here (`selfmetrics.rs`).
+//! 3. `api/handler.rs`: discovery and OpenAPI documents (`api/discovery.rs`,
+//!    `api/openapi.rs`, served as an `api/document.rs` `Document`), or a resource request.
+//! 4. `api/request.rs`: the route, the query (list options, selectors in
+//!    `api/selector.rs`) and the representation (`api/negotiate.rs`), or the error the
+//!    apiserver would send (`status.rs`).
+//! 5. `api/objects.rs`: which objects exist (`metadata.rs`, with `nodes.rs`) and their
+//!    numbers (`store.rs`); a watch (`api/watch.rs`) looks through the same functions
+//!    every second.
+//! 6. Back in `api/handler.rs`: the encoding, as JSON (`api/types.rs`, `json.rs`), a Table
+//!    (`api/table.rs`) or protobuf (`api/proto.rs`), in a response body (`body.rs`).
+//!
+//! The data arrives the other way: `ingest.rs` (the agents' port) → `session.rs` →
+//! `store.rs` and `metadata.rs`.
+//!
 //! It is not a Kubernetes client beyond TokenReview, SubjectAccessReview, the
 //! authentication ConfigMap and a metadata-only watch of Nodes ([`nodes`]: which nodes
 //! exist, and their labels): which pods exist comes from the agents, not from a watch.

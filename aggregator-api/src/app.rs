@@ -67,7 +67,7 @@ pub trait Router: Send + Sync + 'static {
     fn route(&self, req: &Request<Bytes>) -> Option<Response<Body>>;
 }
 
-impl<C: crate::store::Clock + 'static> Router for crate::api::handler::ApiContext<C> {
+impl Router for crate::api::handler::ApiContext {
     fn route(&self, req: &Request<Bytes>) -> Option<Response<Body>> {
         crate::api::handler::handle(self, req)
     }

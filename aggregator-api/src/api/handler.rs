@@ -41,7 +41,7 @@ use super::{
     discovery::Discovery,
     document::{Document, NotAcceptable, CACHE_CONTROL_IMMUTABLE, CONTENT_TYPE_JSON},
     negotiate::{self, Encoding, Target},
-    objects,
+    objects::{self, MetricsReader},
     openapi::OpenApiV3,
     proto,
     request::{self, ApiError, ApiRequest, ErrorEncoding, Rejection, RequestParts, Resource, Verb},
@@ -53,7 +53,6 @@ use crate::{
     json::{encode_json, encode_json_pretty, EncodeError},
     metadata::MetadataSource,
     status::Status,
-    store::{Clock, Store, SystemClock},
 };
 
 /// How long an OpenAPI v3 document fetched with its current hash may be cached (`Expires`),
@@ -61,9 +60,9 @@ use crate::{
 const IMMUTABLE_FOR: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
 /// What the handler reads from: the metrics, the objects that exist, the documents.
-pub struct ApiContext<C: Clock = SystemClock> {
-    /// The metrics.
-    pub store: Arc<Store<C>>,
+pub struct ApiContext {
+    /// The metrics (the store).
+    pub store: Arc<dyn MetricsReader>,
     /// Which nodes and pods exist, with their labels.
     pub metadata: Arc<dyn MetadataSource>,
     /// The discovery and OpenAPI documents.
@@ -78,16 +77,13 @@ pub struct ApiContext<C: Clock = SystemClock> {
 /// Served: `/apis`, `/openapi/v2`, `/openapi/v3` and `/openapi/v3/<path>` (for any method, as
 /// the apiserver's non-REST handlers do), and everything under `/apis/metrics.k8s.io`.
 /// `creationTimestamp` of the objects is the current system time, as in metrics-server.
-pub fn handle<C: Clock + 'static>(
-    ctx: &ApiContext<C>,
-    req: &http::Request<Bytes>,
-) -> Option<Response<Body>> {
+pub fn handle(ctx: &ApiContext, req: &http::Request<Bytes>) -> Option<Response<Body>> {
     handle_at(ctx, req, SystemTime::now())
 }
 
 /// [`handle`] with `now` as the objects' `creationTimestamp`.
-pub fn handle_at<C: Clock + 'static, B>(
-    ctx: &ApiContext<C>,
+pub fn handle_at<B>(
+    ctx: &ApiContext,
     req: &http::Request<B>,
     now: SystemTime,
 ) -> Option<Response<Body>> {
@@ -167,11 +163,7 @@ enum Found {
     Pods(PodMetricsList),
 }
 
-fn serve<C: Clock + 'static>(
-    ctx: &ApiContext<C>,
-    api: &ApiRequest,
-    now: SystemTime,
-) -> Result<Response<Body>, ApiError> {
+fn serve(ctx: &ApiContext, api: &ApiRequest, now: SystemTime) -> Result<Response<Body>, ApiError> {
     let fail = |status| ApiError {
         status,
         encoding: api.error_encoding,
@@ -180,7 +172,7 @@ fn serve<C: Clock + 'static>(
     let found = match (api.resource, api.name.as_deref()) {
         (Resource::Nodes, Some(name)) => {
             let node = ctx.metadata.node(name).ok_or_else(lister_not_found)?;
-            let item = objects::node_metrics(&ctx.store, std::slice::from_ref(&node), now)
+            let item = objects::node_metrics(ctx.store.as_ref(), std::slice::from_ref(&node), now)
                 .into_iter()
                 .next()
                 .ok_or_else(|| fail(Status::node_metrics_not_found(name)))?;
@@ -192,7 +184,7 @@ fn serve<C: Clock + 'static>(
                 .metadata
                 .pod(namespace, name)
                 .ok_or_else(lister_not_found)?;
-            let item = objects::pod_metrics(&ctx.store, std::slice::from_ref(&pod), now)
+            let item = objects::pod_metrics(ctx.store.as_ref(), std::slice::from_ref(&pod), now)
                 .into_iter()
                 .next()
                 .ok_or_else(|| fail(Status::pod_metrics_not_found(namespace, name)))?;
@@ -203,11 +195,11 @@ fn serve<C: Clock + 'static>(
         }
         (Resource::Nodes, None) => Found::Nodes(NodeMetricsList::new(
             api.version,
-            objects::list_nodes(&ctx.store, ctx.metadata.as_ref(), api, now),
+            objects::list_nodes(ctx.store.as_ref(), ctx.metadata.as_ref(), api, now),
         )),
         (Resource::Pods, None) => Found::Pods(PodMetricsList::new(
             api.version,
-            objects::list_pods(&ctx.store, ctx.metadata.as_ref(), api, now),
+            objects::list_pods(ctx.store.as_ref(), ctx.metadata.as_ref(), api, now),
         )),
     };
     encode(api, &found)
@@ -449,7 +441,7 @@ mod tests {
     use super::*;
     use crate::{
         metadata::{MetadataDocument, NodeMeta, PodMeta, StaticMetadata},
-        store::{ManualClock, StoreConfig},
+        store::{ManualClock, Store, StoreConfig},
     };
 
     const T0: u64 = 1_700_000_000_000_000_000;
@@ -489,7 +481,7 @@ mod tests {
             .collect()
     }
 
-    fn ctx() -> ApiContext<Arc<ManualClock>> {
+    fn ctx() -> ApiContext {
         let clock = Arc::new(ManualClock::new(UnixNanos(T0)));
         let store =
             Store::with_clock(StoreConfig::new(Duration::from_secs(10)), clock).expect("store");
@@ -557,7 +549,7 @@ mod tests {
         }
     }
 
-    fn call(ctx: &ApiContext<Arc<ManualClock>>, req: http::Request<Bytes>) -> Option<Answer> {
+    fn call(ctx: &ApiContext, req: http::Request<Bytes>) -> Option<Answer> {
         let r = handle_at(ctx, &req, now())?;
         let status = r.status().as_u16();
         let headers = r.headers().clone();
@@ -587,7 +579,7 @@ mod tests {
         b.body(Bytes::new()).expect("request")
     }
 
-    fn get(ctx: &ApiContext<Arc<ManualClock>>, target: &str) -> Answer {
+    fn get(ctx: &ApiContext, target: &str) -> Answer {
         call(ctx, req("GET", target, None)).expect("served")
     }
 

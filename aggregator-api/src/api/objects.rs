@@ -12,19 +12,45 @@ use super::selector::ObjectFields;
 use super::types::{ContainerMetrics, NodeMetrics, PodMetrics};
 use crate::{
     metadata::{MetadataSource, NodeMeta, PodMeta},
-    store::{Clock, Store},
+    store::{Clock, NodeMetricsPoint, PodMetricsPoint, Store},
 };
+use kpulse_wire::UnixNanos;
+
+/// Where the API reads the numbers from; [`Store`] is one, for any clock. The API holds a
+/// `dyn MetricsReader`, not the store's concrete type.
+pub trait MetricsReader: Send + Sync {
+    /// What is servable of these nodes, in the order given (`None`: nothing fresh).
+    fn node_metrics(&self, names: &[&str]) -> Vec<Option<NodeMetricsPoint>>;
+    /// What is servable of these `(namespace, name)` pods, in the order given.
+    fn pod_metrics(&self, pods: &[(&str, &str)]) -> Vec<Option<PodMetricsPoint>>;
+    /// Points with these timestamps are about to be served (the freshness histogram).
+    fn record_served(&self, timestamps: &mut dyn Iterator<Item = UnixNanos>);
+}
+
+impl<C: Clock> MetricsReader for Store<C> {
+    fn node_metrics(&self, names: &[&str]) -> Vec<Option<NodeMetricsPoint>> {
+        Store::node_metrics(self, names)
+    }
+
+    fn pod_metrics(&self, pods: &[(&str, &str)]) -> Vec<Option<PodMetricsPoint>> {
+        Store::pod_metrics(self, pods)
+    }
+
+    fn record_served(&self, timestamps: &mut dyn Iterator<Item = UnixNanos>) {
+        Store::record_served(self, timestamps);
+    }
+}
 
 /// NodeMetrics for `nodes`, in the order given, skipping nodes without metrics.
 /// `now` becomes `creationTimestamp`, as metrics-server sets it.
-pub fn node_metrics<C: Clock>(
-    store: &Store<C>,
+pub fn node_metrics(
+    store: &dyn MetricsReader,
     nodes: &[NodeMeta],
     now: SystemTime,
 ) -> Vec<NodeMetrics> {
     let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     let points = store.node_metrics(&names);
-    store.record_served(points.iter().flatten().map(|p| p.timestamp));
+    store.record_served(&mut points.iter().flatten().map(|p| p.timestamp));
     points
         .into_iter()
         .zip(nodes)
@@ -44,8 +70,8 @@ pub fn node_metrics<C: Clock>(
 }
 
 /// PodMetrics for `pods`, in the order given, skipping pods without metrics.
-pub fn pod_metrics<C: Clock>(
-    store: &Store<C>,
+pub fn pod_metrics(
+    store: &dyn MetricsReader,
     pods: &[PodMeta],
     now: SystemTime,
 ) -> Vec<PodMetrics> {
@@ -54,7 +80,7 @@ pub fn pod_metrics<C: Clock>(
         .map(|p| (p.namespace.as_str(), p.name.as_str()))
         .collect();
     let points = store.pod_metrics(&keys);
-    store.record_served(points.iter().flatten().map(|p| p.timestamp));
+    store.record_served(&mut points.iter().flatten().map(|p| p.timestamp));
     points
         .into_iter()
         .zip(pods)
@@ -79,8 +105,8 @@ pub fn pod_metrics<C: Clock>(
 }
 
 /// The NodeMetrics a list (or a watch, on each look) of `api` finds, sorted by name.
-pub fn list_nodes<C: Clock>(
-    store: &Store<C>,
+pub fn list_nodes(
+    store: &dyn MetricsReader,
     metadata: &dyn MetadataSource,
     api: &ApiRequest,
     now: SystemTime,
@@ -98,8 +124,8 @@ pub fn list_nodes<C: Clock>(
 
 /// The PodMetrics a list (or a watch, on each look) of `api` finds, sorted by namespace
 /// and name.
-pub fn list_pods<C: Clock>(
-    store: &Store<C>,
+pub fn list_pods(
+    store: &dyn MetricsReader,
     metadata: &dyn MetadataSource,
     api: &ApiRequest,
     now: SystemTime,

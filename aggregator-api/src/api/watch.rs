@@ -62,20 +62,14 @@ use tokio::sync::mpsc;
 
 use super::{
     negotiate::{Encoding, Target},
-    objects::{list_nodes, list_pods},
+    objects::{list_nodes, list_pods, MetricsReader},
     proto,
     proto::{node_message, pod_message},
     request::{ApiError, ApiRequest, Resource},
     table::{self, RowObject, TableOptions, TableVersion},
     types::{MetricsVersion, NodeMetrics, PodMetrics},
 };
-use crate::{
-    body::Body,
-    json::encode_json,
-    metadata::MetadataSource,
-    status::Status,
-    store::{Clock, Store},
-};
+use crate::{body::Body, json::encode_json, metadata::MetadataSource, status::Status};
 
 /// The annotation that marks the end of the initial events (client-go's watch-list).
 pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
@@ -195,9 +189,9 @@ impl Drop for Slot {
 ///
 /// The apiserver's answers before a watch starts: a bad `includeObject` (400), a format no
 /// watch is written in (406), too many watches (429), a server shutting down (503).
-pub(super) fn start<C: Clock + 'static>(
+pub(super) fn start(
     hub: &Arc<Hub>,
-    store: &Arc<Store<C>>,
+    store: &Arc<dyn MetricsReader>,
     metadata: &Arc<dyn MetadataSource>,
     api: &ApiRequest,
 ) -> Result<Response<Body>, ApiError> {
@@ -272,13 +266,13 @@ pub(super) fn start<C: Clock + 'static>(
     let version = api.version;
     match api.resource {
         Resource::Nodes => tokio.spawn(run(slot, plan, tx, move |now| {
-            list_nodes(&store, metadata.as_ref(), &api, now)
+            list_nodes(store.as_ref(), metadata.as_ref(), &api, now)
                 .into_iter()
                 .map(|n| n.versioned(version))
                 .collect()
         })),
         Resource::Pods => tokio.spawn(run(slot, plan, tx, move |now| {
-            list_pods(&store, metadata.as_ref(), &api, now)
+            list_pods(store.as_ref(), metadata.as_ref(), &api, now)
                 .into_iter()
                 .map(|p| p.versioned(version))
                 .collect()
@@ -744,7 +738,7 @@ mod tests {
         api::discovery::Discovery,
         api::handler::{handle_at, ApiContext},
         metadata::{MetadataDocument, NodeMeta, PodMeta, StaticMetadata},
-        store::{ManualClock, StoreConfig},
+        store::{ManualClock, Store, StoreConfig},
     };
 
     const T0: u64 = 1_700_000_000_000_000_000;
@@ -780,7 +774,8 @@ mod tests {
     }
 
     struct Fixture {
-        ctx: ApiContext<Arc<ManualClock>>,
+        ctx: ApiContext,
+        store: Arc<Store<Arc<ManualClock>>>,
         clock: Arc<ManualClock>,
     }
 
@@ -808,9 +803,11 @@ mod tests {
             }],
             pods: vec![pod("a"), pod("b"), pod("c")],
         });
+        let store = Arc::new(store);
         Fixture {
+            store: store.clone(),
             ctx: ApiContext {
-                store: Arc::new(store),
+                store,
                 metadata,
                 discovery: Arc::new(
                     Discovery::new(crate::api::document::Options::default()).expect("documents"),
@@ -899,8 +896,7 @@ mod tests {
         assert_eq!(e[0]["object"]["containers"][0]["usage"]["cpu"], "500m");
 
         // a changes, b goes away, nothing about c.
-        f.ctx
-            .store
+        f.store
             .ingest(batch(T0 + 2 * SECOND, &[("a", SECOND)]))
             .expect("ingest");
         f.clock.set(UnixNanos(T0 + 2 * SECOND));
@@ -943,10 +939,7 @@ mod tests {
         let mut body = r.into_body();
         // Let the first look happen (it sends nothing) before the change.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        f.ctx
-            .store
-            .ingest(batch(T0 + 2 * SECOND, &[]))
-            .expect("ingest");
+        f.store.ingest(batch(T0 + 2 * SECOND, &[])).expect("ingest");
         let e = events(&chunk(&mut body).await.expect("a change"));
         assert_eq!(summary(&e), [("MODIFIED".into(), "n1".into())]);
 
@@ -1066,10 +1059,7 @@ mod tests {
         let f = fixture(settings);
         let _unread = open(&f, "/apis/metrics.k8s.io/v1beta1/nodes?watch=true", None);
         for i in 2..20 {
-            f.ctx
-                .store
-                .ingest(batch(T0 + i * SECOND, &[]))
-                .expect("ingest");
+            f.store.ingest(batch(T0 + i * SECOND, &[])).expect("ingest");
             f.clock.set(UnixNanos(T0 + i * SECOND));
             tokio::time::sleep(Duration::from_millis(30)).await;
             if f.ctx.watch.dropped_slow() > 0 {
@@ -1086,10 +1076,7 @@ mod tests {
         // Advances the data until `f`'s hub dropped a watcher or `looks` passed.
         async fn advance(f: &Fixture, looks: u64, mut read: Option<&mut Body>) {
             for i in 2..2 + looks {
-                f.ctx
-                    .store
-                    .ingest(batch(T0 + i * SECOND, &[]))
-                    .expect("ingest");
+                f.store.ingest(batch(T0 + i * SECOND, &[])).expect("ingest");
                 f.clock.set(UnixNanos(T0 + i * SECOND));
                 if let Some(body) = read.as_mut() {
                     chunk(body).await.expect("a look");

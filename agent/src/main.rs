@@ -16,20 +16,9 @@ use kpulse_agent::{
 };
 use tracing::{info, warn};
 
-/// sysexits' EX_USAGE: the flags cannot work.
-const EX_USAGE: u8 = 64;
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: in a pod, `kubectl logs` would show escape codes.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    kpulse_process::init_logging();
     match cli.command {
         Command::Dump(args) => main_dump(&args),
         Command::Run(args) => main_run(*args),
@@ -39,7 +28,7 @@ fn main() -> ExitCode {
 fn main_dump(args: &DumpArgs) -> ExitCode {
     if let Err(e) = args.collect.validate() {
         eprintln!("kpulse-agent: {e}");
-        return ExitCode::from(EX_USAGE);
+        return ExitCode::from(kpulse_process::EX_USAGE);
     }
     match run_dump(args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -83,31 +72,20 @@ fn run_dump(args: &DumpArgs) -> anyhow::Result<()> {
 }
 
 fn main_run(args: RunArgs) -> ExitCode {
-    if let Err(e) = args.validate() {
-        eprintln!("kpulse-agent: {e}");
-        return ExitCode::from(EX_USAGE);
-    }
     // One thread for everything asynchronous (a few streams, a watch, `/metrics`: idle
     // most of the time); collections run on the blocking pool. A multi-threaded runtime
     // costs more here than it gives: workers waking and stealing from each other for work
     // that takes microseconds (see docs/benchmarks.md, the agent's own cost).
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("kpulse-agent: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("kpulse-agent: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    kpulse_process::run_main(
+        "kpulse-agent",
+        args.validate(),
+        || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        },
+        || run(args),
+    )
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {

@@ -23,41 +23,19 @@ use kpulse_aggregator_api::{
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// sysexits' EX_USAGE.
-const EX_USAGE: u8 = 64;
-
 fn main() -> ExitCode {
     let cfg = Config::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: in a pod, `kubectl logs` would show escape codes.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    if let Err(e) = cfg.validate() {
-        eprintln!("kpulse-aggregator-api: {e}");
-        return ExitCode::from(EX_USAGE);
-    }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("kpulse-aggregator-api: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(run(cfg)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("kpulse-aggregator-api: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    kpulse_process::init_logging();
+    kpulse_process::run_main(
+        "kpulse-aggregator-api",
+        cfg.validate(),
+        || {
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+        },
+        || run(cfg),
+    )
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {

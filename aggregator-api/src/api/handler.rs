@@ -90,8 +90,9 @@ pub fn handle_at<B>(
     let parts = RequestParts::from_http(req);
     let accept = parts.accept.unwrap_or("");
     let raw_query = parts.query.unwrap_or("");
-    let query = request::Query::parse(raw_query);
-    let pretty = request::is_pretty_print(&query, &parts);
+    // Only the documents read the query here; resource requests parse it in `request`.
+    let query = || request::Query::parse(raw_query);
+    let pretty = || request::is_pretty_print(&query(), &parts);
     let if_none_match = req
         .headers()
         .get(header::IF_NONE_MATCH)
@@ -101,7 +102,7 @@ pub fn handle_at<B>(
     match parts.path {
         "/apis" => {
             return Some(discovery_response(
-                ctx.discovery.apis(accept, pretty),
+                ctx.discovery.apis(accept, pretty()),
                 if_none_match,
             ))
         }
@@ -123,6 +124,7 @@ pub fn handle_at<B>(
         if !negotiate::openapi_accepts_json(accept) {
             return Some(empty(StatusCode::NOT_ACCEPTABLE));
         }
+        let query = query();
         let hash = query.first("hash").unwrap_or_default();
         return Some(openapi_v3_response(
             ctx.discovery.openapi_v3(path, hash),
@@ -136,13 +138,13 @@ pub fn handle_at<B>(
         Err(Rejection::NotApi) => return None,
         Err(Rejection::Discovery(None)) => {
             return Some(discovery_response(
-                ctx.discovery.group(accept, pretty),
+                ctx.discovery.group(accept, pretty()),
                 if_none_match,
             ))
         }
         Err(Rejection::Discovery(Some(version))) => {
             return Some(discovery_response(
-                ctx.discovery.resources(version, accept, pretty),
+                ctx.discovery.resources(version, accept, pretty()),
                 if_none_match,
             ))
         }

@@ -634,16 +634,6 @@ pub fn heap_in_use() -> Option<u64> {
     None
 }
 
-/// The wall-clock instant of boot, to the nanosecond: `CLOCK_REALTIME − CLOCK_BOOTTIME`
-/// (`/proc/stat`'s `btime` is whole seconds). `None` if a clock cannot be read.
-pub fn boot_wall_clock() -> Option<kpulse_wire::UnixNanos> {
-    let boot = clock_nanos(ClockId::Boottime)?;
-    let real = clock_nanos(ClockId::Realtime)?;
-    u64::try_from(real.checked_sub(boot)?)
-        .ok()
-        .map(kpulse_wire::UnixNanos)
-}
-
 /// Clock ticks per second of `/proc/PID/stat` times (`_SC_CLK_TCK`, 100 on Linux).
 pub fn clock_ticks() -> u64 {
     // SAFETY: sysconf has no preconditions.

@@ -15,7 +15,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use kpulse_aggregator_api::metadata::ClusterNodeList;
-use kpulse_aggregator_api::nodes::{Change, ClusterNodes};
+use kpulse_aggregator_api::{
+    nodes::{ClusterNodes, Labels},
+    watched::Change,
+};
 
 const NODES: usize = 5_000;
 
@@ -92,8 +95,10 @@ fn labels(n: usize) -> BTreeMap<String, String> {
     pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
-fn all() -> BTreeMap<String, BTreeMap<String, String>> {
-    (0..NODES).map(|n| (node_name(n), labels(n))).collect()
+fn all() -> BTreeMap<String, Labels> {
+    (0..NODES)
+        .map(|n| (node_name(n), Labels::new(labels(n))))
+        .collect()
 }
 
 fn bench(c: &mut Criterion) {
@@ -121,7 +126,7 @@ fn bench(c: &mut Criterion) {
                 n = (n + 1) % NODES;
                 Change::Upsert {
                     name: node_name(n),
-                    value: labels(n),
+                    value: Labels::new(labels(n)),
                 }
             },
             |change| black_box(nodes.apply(change)),
@@ -137,7 +142,7 @@ fn bench(c: &mut Criterion) {
                 l.insert("team".into(), if flip { "x" } else { "y" }.into());
                 Change::Upsert {
                     name: node_name(7),
-                    value: l,
+                    value: Labels::new(l),
                 }
             },
             |change| black_box(nodes.apply(change)),

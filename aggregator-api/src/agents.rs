@@ -4,69 +4,23 @@
 //! ([`crate::health::Completeness`]), so that a replica joins the Service only once it has
 //! (nearly) the whole cluster, not as soon as one node has reported.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-};
+use std::{collections::BTreeSet, sync::Arc};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt};
-use parking_lot::RwLock;
 
-use crate::nodes::{map_event, next, Change, Relist};
+use crate::watched::{follow_into, Mirror, Narration};
 
 /// Agent pods by name → the node each runs on, if the pod is Ready there.
-#[derive(Debug, Default)]
-pub struct AgentPods {
-    pods: RwLock<BTreeMap<String, Option<String>>>,
-    listed: AtomicBool,
-    refused: AtomicBool,
-}
+pub type AgentPods = Mirror<Option<String>>;
 
 impl AgentPods {
-    /// Empty, not listed.
-    pub fn new() -> Arc<AgentPods> {
-        Arc::new(AgentPods::default())
-    }
-
-    /// Whether a complete list has been seen.
-    pub fn listed(&self) -> bool {
-        self.listed.load(Ordering::Acquire)
-    }
-
-    /// Whether the API refused the list for good (see [`crate::nodes::refused`]) and none
-    /// has come since.
-    pub fn refused(&self) -> bool {
-        self.refused.load(Ordering::Acquire)
-    }
-
-    /// Records whether the last list attempt was refused for good.
-    pub fn set_refused(&self, refused: bool) {
-        self.refused.store(refused, Ordering::Release);
-    }
-
-    /// Applies one change (value: the node of a Ready pod, `None` for a pod not Ready).
-    pub fn apply(&self, change: Change<Option<String>>) {
-        match change {
-            Change::Upsert { name, value } => {
-                self.pods.write().insert(name, value);
-            }
-            Change::Delete { name } => {
-                self.pods.write().remove(&name);
-            }
-            Change::Replace(all) => {
-                *self.pods.write() = all;
-                self.listed.store(true, Ordering::Release);
-            }
-        }
-    }
-
     /// The nodes that run a Ready agent.
-    pub fn nodes(&self) -> BTreeSet<String> {
-        self.pods.read().values().flatten().cloned().collect()
+    pub fn ready_nodes(&self) -> BTreeSet<String> {
+        self.collect::<_, Vec<_>>(|(_, node)| node.clone())
+            .into_iter()
+            .flatten()
+            .collect()
     }
 }
 
@@ -93,52 +47,34 @@ pub async fn follow(
 ) {
     let api = kube::Api::<Pod>::namespaced(client, &namespace);
     let stream = watcher(api, watcher::Config::default().labels(&selector)).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    let mut relist = Relist::default();
-    let mut failing = false;
-    while let Some(event) = next(stream.as_mut()).await {
-        let event = match event {
-            Ok(e) => e,
-            Err(error) => {
-                if !failing {
-                    tracing::warn!(
-                        %error,
-                        %namespace,
-                        %selector,
-                        "cannot watch the agent pods (needs list, watch on pods); readiness \
-                         waits for them; retrying"
-                    );
-                }
-                if !agents.listed() {
-                    agents.set_refused(crate::nodes::refused(&error));
-                }
-                failing = true;
-                continue;
-            }
-        };
-        failing = false;
-        agents.set_refused(false);
-        let event = map_event(event, |p: Pod| {
-            (p.metadata.name.clone().unwrap_or_default(), ready_node(&p))
-        });
-        if let Some(change) = relist.on(event) {
-            if let Change::Replace(all) = &change {
-                if !agents.listed() {
-                    tracing::info!(
-                        pods = all.len(),
-                        ready = all.values().flatten().count(),
-                        "agent pods listed"
-                    );
-                }
-            }
-            agents.apply(change);
-        }
-    }
+    let say = Narration {
+        what: "agent pods",
+        failing: &|error| {
+            tracing::warn!(
+                %error,
+                %namespace,
+                %selector,
+                "cannot watch the agent pods (needs list, watch on pods); readiness \
+                 waits for them; retrying"
+            );
+        },
+        listed: &|all| {
+            tracing::info!(
+                pods = all.len(),
+                ready = all.values().flatten().count(),
+                "agent pods listed"
+            );
+        },
+    };
+    let kept = |p: Pod| (p.metadata.name.clone().unwrap_or_default(), ready_node(&p));
+    follow_into(stream, &agents, kept, say).await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::watched::Change;
+    use std::collections::BTreeMap;
 
     fn pod(node: Option<&str>, ready: Option<&str>) -> Pod {
         serde_json::from_value(serde_json::json!({
@@ -172,12 +108,12 @@ mod tests {
             ("a2".to_string(), None),
         ])));
         assert!(agents.listed());
-        assert_eq!(agents.nodes(), BTreeSet::from(["n1".to_string()]));
+        assert_eq!(agents.ready_nodes(), BTreeSet::from(["n1".to_string()]));
         agents.apply(Change::Upsert {
             name: "a2".into(),
             value: Some("n2".into()),
         });
         agents.apply(Change::Delete { name: "a1".into() });
-        assert_eq!(agents.nodes(), BTreeSet::from(["n2".to_string()]));
+        assert_eq!(agents.ready_nodes(), BTreeSet::from(["n2".to_string()]));
     }
 }

@@ -363,7 +363,7 @@ impl Completeness {
         }
         Ok(self
             .agents
-            .nodes()
+            .ready_nodes()
             .into_iter()
             .filter(|n| self.nodes.contains(n) && !(self.served)(n))
             .collect())
@@ -521,7 +521,8 @@ mod tests {
     mod completeness {
         use super::super::*;
         use crate::agents::AgentPods;
-        use crate::nodes::{Change, ClusterNodes};
+        use crate::nodes::ClusterNodes;
+        use crate::watched::Change;
         use std::collections::{BTreeMap, BTreeSet};
         use std::sync::Mutex;
 
@@ -558,7 +559,7 @@ mod tests {
             f.nodes.apply(Change::Replace(
                 nodes
                     .iter()
-                    .map(|n| ((*n).to_string(), BTreeMap::new()))
+                    .map(|n| ((*n).to_string(), Arc::new(BTreeMap::new())))
                     .collect(),
             ));
             f.agents.apply(Change::Replace(

@@ -60,3 +60,4 @@ pub mod session;
 pub mod status;
 pub mod store;
 pub mod tls;
+pub mod watched;

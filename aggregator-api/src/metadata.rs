@@ -540,7 +540,9 @@ mod tests {
 
     #[test]
     fn nodes_come_from_the_api_once_it_has_listed_them() {
-        use crate::nodes::{Change, ClusterNodes};
+        use crate::nodes::ClusterNodes;
+        use crate::watched::Change;
+        use std::sync::Arc;
         let cluster = ClusterNodes::new();
         let m = StreamMetadata::with_cluster_nodes(cluster.clone());
         // An agent's node, with the labels it sent (none, in cluster mode).
@@ -548,16 +550,16 @@ mod tests {
         // Before the list: the agents' view.
         cluster.apply(Change::Upsert {
             name: "a".into(),
-            value: BTreeMap::from([("zone".into(), "x".into())]),
+            value: Arc::new(BTreeMap::from([("zone".into(), "x".into())])),
         });
         assert!(m.node("a").expect("a").labels.is_empty());
         assert!(m.node("b").is_none());
         cluster.apply(Change::Replace(BTreeMap::from([
             (
                 "a".to_string(),
-                BTreeMap::from([("zone".to_string(), "x".to_string())]),
+                Arc::new(BTreeMap::from([("zone".to_string(), "x".to_string())])),
             ),
-            ("b".to_string(), BTreeMap::new()),
+            ("b".to_string(), Arc::new(BTreeMap::new())),
         ])));
         // After it: the API's labels, and a node without an agent exists.
         assert_eq!(m.node("a").expect("a").labels["zone"], "x");

@@ -46,7 +46,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use common::{ChannelBody, TestCgroups};
+use common::TestCgroups;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -56,6 +56,7 @@ use kpulse_agent::{
     ship::{self, Credentials, Replicas, ShipConfig, Shipper, Tick},
 };
 use kpulse_testkit::review_api::ReviewApi;
+use kpulse_testkit::ChannelBody;
 use kpulse_wire::{
     stream::{
         encode, AgentMessage, Decoder, PodCounters, PodMeta, ServerMessage, STREAM_PATH, VERSION,

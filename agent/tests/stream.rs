@@ -24,12 +24,13 @@ use std::{
 };
 
 use bytes::Bytes;
-use common::{ChannelBody, TestCgroups};
+use common::TestCgroups;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kpulse_agent::layout::Layout;
+use kpulse_testkit::ChannelBody;
 use kpulse_wire::stream::{
     encode, AgentMessage, Decoder, ServerMessage, Snapshot, Update, STREAM_PATH, VERSION,
     VERSION_HEADER,

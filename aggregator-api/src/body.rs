@@ -14,25 +14,6 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).boxed()
 }
 
-/// A body fed by a bounded channel: each message is one data frame, the body ends when
-/// every sender is gone (watch streams; request bodies in tests).
-#[derive(Debug)]
-pub struct ChannelBody(pub tokio::sync::mpsc::Receiver<Bytes>);
-
-impl hyper::body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|c| Ok(hyper::body::Frame::data(c))))
-    }
-}
-
 /// A plain-text response.
 pub fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     let mut r = Response::new(full(body));

@@ -1035,7 +1035,7 @@ mod tests {
         );
     }
 
-    use crate::body::ChannelBody;
+    use kpulse_testkit::ChannelBody;
 
     struct Fixture {
         api: FakeApi,

@@ -1083,7 +1083,7 @@ async fn request_and_connection_limits_of_the_binary() {
     for _ in 0..2 {
         let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
         let req = Request::post(format!("https://localhost{nodes}"))
-            .body(kpulse_aggregator_api::body::ChannelBody(rx))
+            .body(kpulse_testkit::ChannelBody(rx))
             .expect("request");
         let mut send = send.clone();
         held.push(tokio::spawn(async move { send.send_request(req).await }));
@@ -1093,9 +1093,7 @@ async fn request_and_connection_limits_of_the_binary() {
     let mut third_send = send.clone();
     let third = tokio::spawn(async move {
         let req = Request::get("https://localhost/livez")
-            .body(kpulse_aggregator_api::body::ChannelBody(
-                tokio::sync::mpsc::channel(1).1,
-            ))
+            .body(kpulse_testkit::ChannelBody(tokio::sync::mpsc::channel(1).1))
             .expect("request");
         third_send.send_request(req).await
     });

@@ -125,7 +125,7 @@ async fn kubectl_async(dir: &Path, port: u16, args: &[&str]) -> (bool, String, S
     .expect("kubectl task")
 }
 
-use kpulse_aggregator_api::body::ChannelBody;
+use kpulse_testkit::ChannelBody;
 
 /// One agent stream: the request body's sender and the response.
 struct AgentStream {

@@ -6,8 +6,29 @@
 //!   cargo-fuzz runs (see docs/fuzzing.md).
 //! - [`review_api::ReviewApi`]: the Kubernetes API double (TokenReview,
 //!   SubjectAccessReview) of the integration tests that run a server alone.
+//! - [`ChannelBody`]: an HTTP body fed by a channel (streams the tests write by hand).
 
 pub mod review_api;
+
+/// An HTTP body fed by a bounded channel: each message is one data frame; the body ends
+/// when every sender is gone. The in-test aggregators' response streams and the
+/// hand-written request streams of the ingest tests.
+#[derive(Debug)]
+pub struct ChannelBody(pub tokio::sync::mpsc::Receiver<bytes::Bytes>);
+
+impl hyper::body::Body for ChannelBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|b| b.map(|b| Ok(hyper::body::Frame::data(b))))
+    }
+}
 
 use std::path::{Path, PathBuf};
 

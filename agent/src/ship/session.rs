@@ -3,15 +3,13 @@
 use std::{
     net::SocketAddr,
     path::PathBuf,
-    pin::Pin,
     sync::Arc,
-    task::{Context, Poll},
     time::{Duration, Instant, SystemTime},
 };
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, StatusCode};
-use http_body_util::BodyExt;
+use http_body_util::{combinators::BoxBody, BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use kpulse_wire::{
@@ -346,21 +344,16 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-/// A request body fed from a bounded channel; it ends when the sender is dropped.
-struct ChannelBody {
-    rx: mpsc::Receiver<Bytes>,
-}
+/// The request body: frames from a bounded channel; it ends when the sender is dropped.
+type ChannelBody = BoxBody<Bytes, std::convert::Infallible>;
 
-impl hyper::body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        self.rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
-    }
+/// A [`ChannelBody`] fed by `rx`, one data frame per message.
+fn channel_body(mut rx: mpsc::Receiver<Bytes>) -> ChannelBody {
+    let frames = futures_util::stream::poll_fn(move |cx| {
+        rx.poll_recv(cx)
+            .map(|b| b.map(|b| Ok::<_, std::convert::Infallible>(Frame::data(b))))
+    });
+    StreamBody::new(frames).boxed()
 }
 
 struct Stream<'a> {
@@ -459,7 +452,7 @@ impl Stream<'_> {
             request = request.header(header::AUTHORIZATION, auth);
         }
         let request = request
-            .body(ChannelBody { rx })
+            .body(channel_body(rx))
             .map_err(|source| StreamError::Request { source })?;
         let response = sender.send_request(request);
         let mut response = std::pin::pin!(response);

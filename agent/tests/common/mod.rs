@@ -276,20 +276,3 @@ pub fn enable_controllers(mount: &Path, parent: &Path) {
     std::fs::write(parent.join("cgroup.subtree_control"), "+cpu +memory")
         .unwrap_or_else(|e| panic!("enable cpu/memory in {}: {e}", parent.display()));
 }
-
-/// A response body fed from a channel (the in-test aggregators' streams).
-pub struct ChannelBody(pub tokio::sync::mpsc::Receiver<bytes::Bytes>);
-
-impl hyper::body::Body for ChannelBody {
-    type Data = bytes::Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|b| b.map(|b| Ok(hyper::body::Frame::data(b))))
-    }
-}

@@ -101,18 +101,7 @@ pub fn run(
     let mut last_dropped = 0;
     loop {
         let snap = collector.collect()?;
-        if snap.dropped != last_dropped {
-            // Log changes, not ticks.
-            if snap.dropped > 0 {
-                tracing::warn!(
-                    dropped = snap.dropped,
-                    "cgroups left out of this tick (--max-cgroups, or unreadable)"
-                );
-            } else {
-                tracing::info!("all cgroups reported again");
-            }
-            last_dropped = snap.dropped;
-        }
+        snap.log_dropped_change(&mut last_dropped);
         write_snapshot(out, &snap)?;
         tick += 1;
         if count != 0 && tick >= count {

@@ -859,10 +859,11 @@ mod sys {
         _pad: [u32; 15],
     }
 
-    /// `bpf(2)` for the commands that return 0 on success, not a file descriptor.
-    fn bpf_unit<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<()> {
-        // SAFETY: as in `bpf`; the kernel writes only through pointers inside `attr` that
-        // the caller made point at live, large-enough buffers.
+    /// `bpf(2)` itself: the kernel's return value, or the error it set.
+    fn bpf_raw<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<libc::c_long> {
+        // SAFETY: `attr` is a properly initialised #[repr(C)] struct that outlives the call,
+        // and its size is passed along; the kernel writes only through pointers inside
+        // `attr` that the caller made point at live, large-enough buffers.
         let ret = unsafe {
             libc::syscall(
                 libc::SYS_bpf,
@@ -874,7 +875,12 @@ mod sys {
         if ret < 0 {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(())
+        Ok(ret)
+    }
+
+    /// `bpf(2)` for the commands that return 0 on success, not a file descriptor.
+    fn bpf_unit<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<()> {
+        bpf_raw(cmd, attr).map(|_| ())
     }
 
     /// What the kernel says about link `fd`: its id and the program it runs now.
@@ -898,20 +904,9 @@ mod sys {
         bpf_unit(BPF_MAP_FREEZE, &mut attr)
     }
 
+    /// `bpf(2)` for the commands that return a new file descriptor.
     fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<OwnedFd> {
-        // SAFETY: `attr` is a properly initialised #[repr(C)] struct that outlives the call,
-        // and its size is passed along; the kernel only reads it.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                cmd,
-                attr as *mut T,
-                std::mem::size_of::<T>() as libc::c_uint,
-            )
-        };
-        if ret < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let ret = bpf_raw(cmd, attr)?;
         let fd = RawFd::try_from(ret).map_err(|_| std::io::Error::other("fd out of range"))?;
         // SAFETY: the kernel returned a new file descriptor that nothing else owns.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })

@@ -190,17 +190,7 @@ impl TickLoop {
             metrics
                 .pods
                 .set(i64::try_from(index.pods().len()).unwrap_or(i64::MAX));
-            if snap.dropped != seen.dropped {
-                if snap.dropped > 0 {
-                    tracing::warn!(
-                        dropped = snap.dropped,
-                        "cgroups left out of this tick (--max-cgroups, or unreadable)"
-                    );
-                } else {
-                    tracing::info!("all cgroups reported again");
-                }
-                seen.dropped = snap.dropped;
-            }
+            snap.log_dropped_change(&mut seen.dropped);
             let unattributed = attribution.unattributed;
             metrics
                 .unattributed_cgroups

@@ -91,6 +91,25 @@ pub struct Snapshot {
     pub dropped: u64,
 }
 
+impl Snapshot {
+    /// Logs a change in how many cgroups were left out since the last tick (`last`, updated):
+    /// changes, not ticks, so a node over `--max-cgroups` warns once, not every second.
+    pub fn log_dropped_change(&self, last: &mut u64) {
+        if self.dropped == *last {
+            return;
+        }
+        if self.dropped > 0 {
+            tracing::warn!(
+                dropped = self.dropped,
+                "cgroups left out of this tick (--max-cgroups, or unreadable)"
+            );
+        } else {
+            tracing::info!("all cgroups reported again");
+        }
+        *last = self.dropped;
+    }
+}
+
 /// Now on the agent's timeline ([`crate::clock`]): wall-clock nanoseconds that advance
 /// with `CLOCK_BOOTTIME`, so that a step of the wall clock never changes a window.
 pub fn now() -> UnixNanos {

@@ -399,18 +399,28 @@ fn check_all(tools: &Tools, pieces: &[Piece]) -> Found {
     Found { checks, bpf_linker }
 }
 
-fn check_rust(tools: &Tools) -> Status {
-    let missing: Vec<String> = [&tools.rustc, &tools.cargo]
-        .into_iter()
+/// `Missing`, naming each of `paths` that does not exist; `None` if all do.
+fn missing(paths: &[&Path]) -> Option<Status> {
+    let missing: Vec<String> = paths
+        .iter()
         .filter(|p| !p.exists())
         .map(|p| format!("{} does not exist", p.display()))
         .collect();
-    if !missing.is_empty() {
-        return Status::Missing(missing.join(", "));
+    (!missing.is_empty()).then(|| Status::Missing(missing.join(", ")))
+}
+
+/// What `tool arg` prints, or `Wrong` with why it could not run.
+fn version_output(tool: &Path, arg: &str) -> Result<String, Status> {
+    exec::output(Command::new(tool).arg(arg)).map_err(|e| Status::Wrong(format!("{e:#}")))
+}
+
+fn check_rust(tools: &Tools) -> Status {
+    if let Some(m) = missing(&[&tools.rustc, &tools.cargo]) {
+        return m;
     }
-    let rustc = match exec::output(Command::new(&tools.rustc).arg("-vV")) {
+    let rustc = match version_output(&tools.rustc, "-vV") {
         Ok(out) => out,
-        Err(e) => return Status::Wrong(format!("{e:#}")),
+        Err(wrong) => return wrong,
     };
     let RustcVersion { release, llvm } = match parse_rustc_vv(&rustc) {
         Ok(v) => v,
@@ -423,9 +433,9 @@ fn check_rust(tools: &Tools) -> Status {
             tools.rustc.display()
         ));
     }
-    let cargo = match exec::output(Command::new(&tools.cargo).arg("-V")) {
+    let cargo = match version_output(&tools.cargo, "-V") {
         Ok(out) => out,
-        Err(e) => return Status::Wrong(format!("{e:#}")),
+        Err(wrong) => return wrong,
     };
     match parse_tool_version(&cargo, "cargo") {
         Some(v) if v.starts_with(RUST_RELEASE) => {
@@ -461,8 +471,8 @@ fn check_rust_src(tools: &Tools) -> Status {
 }
 
 fn check_llvm(tools: &Tools) -> Status {
-    if !tools.llvm_config.exists() {
-        return Status::Missing(format!("{} does not exist", tools.llvm_config.display()));
+    if let Some(m) = missing(&[&tools.llvm_config]) {
+        return m;
     }
     match exec::output(Command::new(&tools.llvm_config).arg("--version")) {
         Ok(out) => {
@@ -484,17 +494,12 @@ fn check_llvm(tools: &Tools) -> Status {
 /// lint (`/usr/bin/rustc`): a driver of another build cannot read that `core`'s metadata.
 fn check_clippy(tools: &Tools) -> Status {
     let driver = tools.clippy_driver();
-    let missing: Vec<String> = [&tools.cargo_clippy, &driver]
-        .into_iter()
-        .filter(|p| !p.exists())
-        .map(|p| format!("{} does not exist", p.display()))
-        .collect();
-    if !missing.is_empty() {
-        return Status::Missing(missing.join(", "));
+    if let Some(m) = missing(&[&tools.cargo_clippy, &driver]) {
+        return m;
     }
-    let front = match exec::output(Command::new(&tools.cargo_clippy).arg("--version")) {
+    let front = match version_output(&tools.cargo_clippy, "--version") {
         Ok(out) => out,
-        Err(e) => return Status::Wrong(format!("{e:#}")),
+        Err(wrong) => return wrong,
     };
     let front = parse_tool_version(&front, "clippy").unwrap_or("of an unknown version");
     if clippy_release(front).is_none_or(|release| !release.starts_with(RUST_RELEASE)) {
@@ -503,9 +508,9 @@ fn check_clippy(tools: &Tools) -> Status {
             tools.cargo_clippy.display()
         ));
     }
-    let driver_vv = match exec::output(Command::new(&driver).arg("-vV")) {
+    let driver_vv = match version_output(&driver, "-vV") {
         Ok(out) => out,
-        Err(e) => return Status::Wrong(format!("{e:#}")),
+        Err(wrong) => return wrong,
     };
     let rustc_vv = match exec::output(Command::new(&tools.rustc).arg("-vV")) {
         Ok(out) => out,
@@ -565,9 +570,9 @@ fn check_bpf_linker(tools: &Tools) -> (Status, Option<PathBuf>) {
             }
         },
     };
-    let version = match exec::output(Command::new(&path).arg("--version")) {
+    let version = match version_output(&path, "--version") {
         Ok(out) => out,
-        Err(e) => return (Status::Wrong(format!("{e:#}")), None),
+        Err(wrong) => return (wrong, None),
     };
     let version = parse_tool_version(&version, "bpf-linker").unwrap_or("of an unknown version");
     if version != BPF_LINKER_VERSION {

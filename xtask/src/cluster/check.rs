@@ -499,35 +499,49 @@ fn node_labels_set(ctx: &Ctx<'_>) -> Result<String> {
     ))
 }
 
-fn pod_lifecycle(ctx: &Ctx<'_>) -> Result<String> {
+/// Runs `body` in namespace `ns`, made fresh (an earlier run's is deleted first) and
+/// deleted in the background afterwards, whatever `body` returned.
+fn in_fresh_namespace(
+    ctx: &Ctx<'_>,
+    ns: &str,
+    body: impl FnOnce() -> Result<String>,
+) -> Result<String> {
     let _ = crate::exec::output(ctx.kubectl().args([
         "delete",
         "namespace",
-        LIFECYCLE_NS,
+        ns,
         "--wait=true",
         "--ignore-not-found",
     ]));
-    crate::exec::output(ctx.kubectl().args(["create", "namespace", LIFECYCLE_NS]))?;
-    let result = pod_lifecycle_in_namespace(ctx);
-    let _ = crate::exec::output(ctx.kubectl().args([
-        "delete",
-        "namespace",
-        LIFECYCLE_NS,
-        "--wait=false",
-    ]));
+    crate::exec::output(ctx.kubectl().args(["create", "namespace", ns]))?;
+    let result = body();
+    let _ = crate::exec::output(
+        ctx.kubectl()
+            .args(["delete", "namespace", ns, "--wait=false"]),
+    );
     result
 }
 
-fn pod_lifecycle_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
-    let manifest = format!(
+/// A Deployment `sleepers` of `replicas` busybox pods in `ns` that sleep and leave at once
+/// on SIGTERM.
+fn sleepers(ns: &str, replicas: usize) -> String {
+    format!(
         r#"{{"apiVersion":"apps/v1","kind":"Deployment",
-"metadata":{{"name":"sleepers","namespace":"{LIFECYCLE_NS}"}},
-"spec":{{"replicas":{LIFECYCLE_REPLICAS},"selector":{{"matchLabels":{{"app":"sleepers"}}}},
+"metadata":{{"name":"sleepers","namespace":"{ns}"}},
+"spec":{{"replicas":{replicas},"selector":{{"matchLabels":{{"app":"sleepers"}}}},
 "template":{{"metadata":{{"labels":{{"app":"sleepers"}}}},
 "spec":{{"terminationGracePeriodSeconds":1,"containers":[{{"name":"sleep","image":"{}","imagePullPolicy":"Never",
 "command":["/bin/sh","-c","trap 'exit 0' TERM; while :; do sleep 1; done"]}}]}}}}}}}}"#,
         images::BUSYBOX_IMAGE
-    );
+    )
+}
+
+fn pod_lifecycle(ctx: &Ctx<'_>) -> Result<String> {
+    in_fresh_namespace(ctx, LIFECYCLE_NS, || pod_lifecycle_in_namespace(ctx))
+}
+
+fn pod_lifecycle_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
+    let manifest = sleepers(LIFECYCLE_NS, LIFECYCLE_REPLICAS);
     let file = ctx.dirs.etc.join("check-sleepers.json");
     std::fs::write(&file, manifest)?;
     let sources_before = agent_start_sources(ctx)?;
@@ -841,21 +855,8 @@ fn hpa(ctx: &Ctx<'_>) -> Result<String> {
     std::fs::create_dir_all(&load_dir)?;
     let flag = load_dir.join("on");
     let _ = std::fs::remove_file(&flag);
-    let _ = crate::exec::output(ctx.kubectl().args([
-        "delete",
-        "namespace",
-        HPA_NS,
-        "--wait=true",
-        "--ignore-not-found",
-    ]));
-    crate::exec::output(ctx.kubectl().args(["create", "namespace", HPA_NS]))?;
-    let result = hpa_in_namespace(ctx, &flag, &load_dir);
+    let result = in_fresh_namespace(ctx, HPA_NS, || hpa_in_namespace(ctx, &flag, &load_dir));
     let _ = std::fs::remove_file(&flag);
-    let _ =
-        crate::exec::output(
-            ctx.kubectl()
-                .args(["delete", "namespace", HPA_NS, "--wait=false"]),
-        );
     result
 }
 
@@ -1011,34 +1012,11 @@ fn rollouts(ctx: &Ctx<'_>) -> Result<String> {
             }
         })?;
     }
-    let _ = crate::exec::output(ctx.kubectl().args([
-        "delete",
-        "namespace",
-        ROLLOUT_NS,
-        "--wait=true",
-        "--ignore-not-found",
-    ]));
-    crate::exec::output(ctx.kubectl().args(["create", "namespace", ROLLOUT_NS]))?;
-    let result = rollouts_in_namespace(ctx);
-    let _ = crate::exec::output(ctx.kubectl().args([
-        "delete",
-        "namespace",
-        ROLLOUT_NS,
-        "--wait=false",
-    ]));
-    result
+    in_fresh_namespace(ctx, ROLLOUT_NS, || rollouts_in_namespace(ctx))
 }
 
 fn rollouts_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
-    let manifest = format!(
-        r#"{{"apiVersion":"apps/v1","kind":"Deployment",
-"metadata":{{"name":"sleepers","namespace":"{ROLLOUT_NS}"}},
-"spec":{{"replicas":3,"selector":{{"matchLabels":{{"app":"sleepers"}}}},
-"template":{{"metadata":{{"labels":{{"app":"sleepers"}}}},
-"spec":{{"terminationGracePeriodSeconds":1,"containers":[{{"name":"sleep","image":"{}","imagePullPolicy":"Never",
-"command":["/bin/sh","-c","trap 'exit 0' TERM; while :; do sleep 1; done"]}}]}}}}}}}}"#,
-        images::BUSYBOX_IMAGE
-    );
+    let manifest = sleepers(ROLLOUT_NS, 3);
     let file = ctx.dirs.etc.join("check-rollout.json");
     std::fs::write(&file, manifest)?;
     crate::exec::output(ctx.kubectl().arg("apply").arg("-f").arg(&file))?;

@@ -21,8 +21,9 @@ use anyhow::{ensure, Result};
 
 use super::{gobuild, host::Dirs, versions};
 
-/// kustomize overlay over metrics-server's `manifests/overlays/release`.
-const OVERLAY: &str = "apiVersion: kustomize.config.k8s.io/v1beta1
+/// kustomize overlay over metrics-server's `manifests/overlays/release`; its list of
+/// patches comes last, so that other overlays can add to it.
+pub(crate) const OVERLAY: &str = "apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - manifests/overlays/release

@@ -379,21 +379,10 @@ fn reset_namespace(bench: &Bench) -> Result<()> {
     Ok(())
 }
 
-/// metrics-server's release manifests without the two objects kpulse owns: the
+/// Patches that, added to the migration's overlay ([`super::migrate::OVERLAY`]), leave out
+/// of metrics-server's release manifests the two objects kpulse owns: the
 /// `v1beta1.metrics.k8s.io` APIService and the `system:aggregated-metrics-reader` role.
-const BESIDE_OVERLAY: &str = "apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - manifests/overlays/release
-patches:
-  - target:
-      kind: Deployment
-      name: metrics-server
-    patch: |-
-      - op: add
-        path: /spec/template/spec/containers/0/args/-
-        value: --kubelet-insecure-tls
-  - patch: |-
+const BESIDE_PATCHES: &str = "  - patch: |-
       $patch: delete
       apiVersion: apiregistration.k8s.io/v1
       kind: APIService
@@ -434,11 +423,9 @@ fn install_metrics_server(
         owner.starts_with("kpulse-system/"),
         "v1beta1.metrics.k8s.io points at {owner}, not kpulse: run `cargo xtask cluster up --install`"
     );
-    let dir = super::migrate::metrics_server_kustomization(
-        dirs,
-        "metrics-server-beside",
-        BESIDE_OVERLAY,
-    )?;
+    let overlay = format!("{}{BESIDE_PATCHES}", super::migrate::OVERLAY);
+    let dir =
+        super::migrate::metrics_server_kustomization(dirs, "metrics-server-beside", &overlay)?;
     let rendered = kc(&["kustomize", &dir.display().to_string()])?;
     ensure!(
         !rendered.contains("kind: APIService")

@@ -4,9 +4,12 @@
 //!   once it is dead, and no `cgroup_stats` program is left that no live process holds;
 //! - the restarted agent loads and links its own program;
 //! - the CPU time it reports for a busy cgroup continues where the killed one left off:
-//!   every value of both runs lies between the cgroup's own `cpu.stat` read just before and
-//!   shortly after the agent's timestamp (the kernel's cumulative counter: no restart can
-//!   double it or reset it), and the increase across the restart matches `cpu.stat`'s.
+//!   every value of both runs lies between the cgroup's own `cpu.stat` read just before
+//!   (less [`CLOCK_SLACK`]) and shortly after the agent's timestamp (the kernel's cumulative
+//!   counter: no restart can double it or reset it), and the increase across the restart
+//!   matches `cpu.stat`'s. How far each run's timestamps are from when `cpu.stat` reached
+//!   the values they carry is printed (within a few milliseconds either way on this host:
+//!   the counter advances in steps as the scheduler accounts the running task).
 //!
 //! Needs root and BPF. Outside CI it skips with a reason when they are missing; with
 //! `CI=true` it fails instead.
@@ -28,6 +31,12 @@ use kpulse_agent::layout::Layout;
 const TICKS: usize = 8;
 /// Margin after an agent's timestamp within which its walk must have read the counter.
 const READ_WITHIN: Duration = Duration::from_millis(250);
+/// How far the agent's timeline (boot instant + `CLOCK_BOOTTIME`) and this test's wall clock
+/// may disagree. The agent reads its boot instant as the narrowest of up to eight bracketed
+/// reads (`clock.rs`): microseconds here; in an emulated VM whose vCPU the host deschedules
+/// between reads, more. A restart that doubled or reset the counter would be off by
+/// hundreds of milliseconds of CPU.
+const CLOCK_SLACK: Duration = Duration::from_millis(20);
 /// Tolerance on the CPU increase across the restart (relative, plus the sampler's step).
 const GAP_TOLERANCE: f64 = 0.02;
 
@@ -268,12 +277,29 @@ fn interpolate(samples: &[Sample], t: u64) -> Option<f64> {
     Some(a.cpu as f64 + (b.cpu as f64 - a.cpu as f64) * (t as f64 - ta) / (tb - ta))
 }
 
+/// When the counter reached `cpu` (wall clock, ns), interpolated between the samples around
+/// it: the instant an agent that reports `cpu` read it.
+fn reached_at(samples: &[Sample], cpu: u64) -> Option<f64> {
+    let mid = |s: &Sample| (s.start / 2 + s.end / 2) as f64;
+    let i = samples.iter().position(|s| s.cpu >= cpu)?;
+    let (a, b) = (samples.get(i.checked_sub(1)?)?, &samples[i]);
+    if b.cpu <= a.cpu {
+        return Some(mid(b));
+    }
+    Some(mid(a) + (mid(b) - mid(a)) * (cpu - a.cpu) as f64 / (b.cpu - a.cpu) as f64)
+}
+
 fn check_ticks(ticks: &[Tick], samples: &[Sample], failures: &mut Vec<String>) {
     let mut worst = 0f64;
     for (i, k) in ticks.iter().enumerate() {
         // Bracket: a read of cpu.stat that ended before the agent's timestamp is a lower
         // bound; one that started after the agent must have read is an upper bound.
-        let lo = samples.iter().rev().find(|s| s.end <= k.t).map(|s| s.cpu);
+        let slack = CLOCK_SLACK.as_nanos() as u64;
+        let lo = samples
+            .iter()
+            .rev()
+            .find(|s| s.end + slack <= k.t)
+            .map(|s| s.cpu);
         let hi = samples
             .iter()
             .find(|s| s.start >= k.t + READ_WITHIN.as_nanos() as u64)
@@ -294,6 +320,21 @@ fn check_ticks(ticks: &[Tick], samples: &[Sample], failures: &mut Vec<String>) {
         }
         if i > 0 && k.cpu < ticks[i - 1].cpu {
             failures.push(format!("CPU went backwards at agent {} tick {i}", k.run));
+        }
+    }
+    for run in ['A', 'B'] {
+        let mut offsets: Vec<f64> = ticks
+            .iter()
+            .filter(|k| k.run == run)
+            .filter_map(|k| reached_at(samples, k.cpu).map(|t| (k.t as f64 - t) / 1e6))
+            .collect();
+        offsets.sort_by(f64::total_cmp);
+        if let (Some(first), Some(last)) = (offsets.first(), offsets.last()) {
+            println!(
+                "restart: agent {run}: its timestamps are {:+.2} ms (median; {first:+.2} to \
+                 {last:+.2}) from when cpu.stat reached the value it reports",
+                offsets[offsets.len() / 2]
+            );
         }
     }
     let last_a = ticks.iter().rfind(|k| k.run == 'A');

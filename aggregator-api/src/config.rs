@@ -256,43 +256,13 @@ fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
     }
 }
 
+/// A duration flag, read as Go's `time.ParseDuration` reads metrics-server's (`10s`,
+/// `1.5s`, `1m30s`, `500ms`, `0`), with Go's error text; negative durations are refused.
 fn duration(s: &str) -> Result<std::time::Duration, String> {
-    parse_go_duration(s)
-        .ok_or_else(|| format!("{s:?}: expected a duration such as 10s, 500ms or 1m"))
-}
-
-/// `10s`, `500ms`, `1m30s`, `2h`: the Go duration forms the matching metrics-server flags
-/// take (no fractions; units h, m, s, ms).
-fn parse_go_duration(s: &str) -> Option<std::time::Duration> {
-    let mut total = std::time::Duration::ZERO;
-    let mut rest = s.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        if digits == 0 {
-            return None;
-        }
-        let n: u64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let (unit, len) = if rest.starts_with("ms") {
-            (std::time::Duration::from_millis(1), 2)
-        } else if rest.starts_with('h') {
-            (std::time::Duration::from_secs(3600), 1)
-        } else if rest.starts_with('m') {
-            (std::time::Duration::from_secs(60), 1)
-        } else if rest.starts_with('s') {
-            (std::time::Duration::from_secs(1), 1)
-        } else {
-            return None;
-        };
-        rest = &rest[len..];
-        total = total.checked_add(unit.checked_mul(u32::try_from(n).ok()?)?)?;
-    }
-    Some(total)
+    let nanos = crate::go::parse_duration(s).map_err(|e| e.to_string())?;
+    let nanos = u64::try_from(nanos)
+        .map_err(|_| format!("{s:?}: a negative duration is not allowed here"))?;
+    Ok(std::time::Duration::from_nanos(nanos))
 }
 
 /// Flags that cannot work together.
@@ -510,22 +480,28 @@ mod tests {
     }
 
     #[test]
-    fn go_durations() {
-        assert_eq!(
-            parse_go_duration("10s"),
-            Some(std::time::Duration::from_secs(10))
-        );
-        assert_eq!(
-            parse_go_duration("1m30s"),
-            Some(std::time::Duration::from_secs(90))
-        );
-        assert_eq!(
-            parse_go_duration("250ms"),
-            Some(std::time::Duration::from_millis(250))
-        );
-        for bad in ["", "10", "s", "1.5s", "-1s", "10x", "99999999999h"] {
-            assert_eq!(parse_go_duration(bad), None, "{bad}");
+    fn duration_flags_read_go_durations() {
+        let ok = |s: &str| duration(s).map_err(|e| format!("{s}: {e}"));
+        assert_eq!(ok("10s"), Ok(std::time::Duration::from_secs(10)));
+        assert_eq!(ok("1m30s"), Ok(std::time::Duration::from_secs(90)));
+        assert_eq!(ok("1.5s"), Ok(std::time::Duration::from_millis(1_500)));
+        assert_eq!(ok("250ms"), Ok(std::time::Duration::from_millis(250)));
+        assert_eq!(ok("0"), Ok(std::time::Duration::ZERO));
+        assert_eq!(ok("-0s"), Ok(std::time::Duration::ZERO));
+        let cases = [
+            ("", "time: invalid duration \"\""),
+            ("10", "time: missing unit in duration \"10\""),
+            ("10x", "time: unknown unit \"x\" in duration \"10x\""),
+            (" 10s", "time: invalid duration \" 10s\""),
+            ("99999999999h", "time: invalid duration \"99999999999h\""),
+            ("-1s", "\"-1s\": a negative duration is not allowed here"),
+        ];
+        for (bad, want) in cases {
+            assert_eq!(duration(bad), Err(want.to_owned()), "{bad}");
         }
+        let c = parse(&["--metric-window", "1.5s", "--metric-expiry", "1m30s"]);
+        assert_eq!(c.metric_window, std::time::Duration::from_millis(1_500));
+        assert_eq!(c.metric_expiry, std::time::Duration::from_secs(90));
     }
 
     #[test]

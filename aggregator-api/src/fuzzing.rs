@@ -480,7 +480,7 @@ fn check_stripped(cfg: &Config, before: &HeaderMap, after: &HeaderMap) {
 // Quantities.
 
 /// [`quantity`]'s formatting: CPU and memory quantities ([`quantity::cpu_nanocores`],
-/// [`quantity::memory_bytes`], [`Quantity::add`]), [`quantity::go_duration`],
+/// [`quantity::memory_bytes`], [`Quantity::add`]), [`crate::go::format_duration`],
 /// [`quantity::rfc3339_unix`] and [`quantity::unix_parts`], on `u64`s read from the input.
 ///
 /// Input layout: byte 0 picks the operation; the rest is read as little-endian `u64`s (the
@@ -547,13 +547,16 @@ pub fn quantity(data: &[u8]) {
         4 => {
             for &v in &values {
                 let d = Duration::from_nanos(v);
-                let s = quantity::go_duration(d);
+                let s = crate::go::format_duration(crate::go::nanos(d));
                 let want = u128::from(v.min(i64::MAX as u64));
                 assert_eq!(read_go_duration(&s), Some(want), "{d:?} → {s}");
                 // Longer than u64 nanoseconds: saturates.
                 let long = Duration::new(v, 999_999_999);
                 if long.as_nanos() > i64::MAX as u128 {
-                    assert_eq!(quantity::go_duration(long), "2562047h47m16.854775807s");
+                    assert_eq!(
+                        crate::go::format_duration(crate::go::nanos(long)),
+                        "2562047h47m16.854775807s"
+                    );
                 }
             }
         }

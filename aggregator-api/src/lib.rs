@@ -48,6 +48,7 @@ pub mod config;
 pub mod feed;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod go;
 pub mod health;
 pub mod ingest;
 pub mod json;

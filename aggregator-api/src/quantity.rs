@@ -6,8 +6,8 @@
 //!   `NewScaledQuantity(nanocores, Nano)` in `DecimalSI`, memory as
 //!   `NewScaledQuantity(bytes, 0)` switched to `BinarySI`. Shortcuts: [`cpu_nanocores`],
 //!   [`memory_bytes`].
-//! * [`go_duration`]: Go's `time.Duration.String()`, which is what `metav1.Duration` marshals to
-//!   (the `window` field and the `Window` table cell).
+//! * Durations (`metav1.Duration`, the `window` field and the `Window` table cell) are Go's
+//!   `time.Duration.String()`: [`crate::go::format_duration`].
 //! * [`rfc3339`]: `metav1.Time` marshalling: `time.RFC3339` in UTC, whole seconds, `Z`.
 //!
 //! # Canonical quantity rules (apimachinery `quantity.go` `CanonicalizeBytes`, `amount.go`)
@@ -36,7 +36,7 @@
 //! holds any sum of up to 10^18 `u64` inputs; beyond that arithmetic saturates.
 
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// How a [`Quantity`] prefers to be written (`resource.Format`).
 ///
@@ -296,59 +296,6 @@ pub fn memory_bytes(bytes: u64) -> String {
     Quantity::from_memory_bytes(bytes).canonical()
 }
 
-/// Go's `time.Duration.String()`: `"0s"`, `"500ms"`, `"1.5µs"` (U+00B5), `"15s"`,
-/// `"20.051s"`, `"1m0.5s"`, `"1h2m3s"`.
-///
-/// A Go duration is an `int64` of nanoseconds; longer inputs saturate at `i64::MAX`
-/// nanoseconds (`"2562047h47m16.854775807s"`), as Go's `Time.Sub` does.
-pub fn go_duration(duration: Duration) -> String {
-    let nanos = u64::try_from(duration.as_nanos())
-        .unwrap_or(u64::MAX)
-        .min(i64::MAX as u64);
-    if nanos == 0 {
-        return "0s".to_owned();
-    }
-    if nanos < 1_000_000_000 {
-        // Sub-second: one unit, with a fraction as needed.
-        let (unit, digits) = if nanos < 1_000 {
-            ("ns", 0)
-        } else if nanos < 1_000_000 {
-            ("µs", 3)
-        } else {
-            ("ms", 6)
-        };
-        let (whole, fraction) = split_fraction(nanos, digits);
-        return format!("{whole}{fraction}{unit}");
-    }
-    let (whole_seconds, fraction) = split_fraction(nanos, 9);
-    let seconds = whole_seconds % 60;
-    let minutes_total = whole_seconds / 60;
-    if minutes_total == 0 {
-        return format!("{seconds}{fraction}s");
-    }
-    let minutes = minutes_total % 60;
-    let hours = minutes_total / 60;
-    if hours == 0 {
-        return format!("{minutes}m{seconds}{fraction}s");
-    }
-    format!("{hours}h{minutes}m{seconds}{fraction}s")
-}
-
-/// Splits `value` into `value / 10^digits` and Go's `fmtFrac` rendering of the remainder:
-/// `"." + digits` without trailing zeros, or `""` when the remainder is zero.
-fn split_fraction(value: u64, digits: u32) -> (u64, String) {
-    let Some(divisor) = 10u64.checked_pow(digits) else {
-        return (value, String::new());
-    };
-    let whole = value / divisor;
-    let remainder = value % divisor;
-    if remainder == 0 {
-        return (whole, String::new());
-    }
-    let padded = format!("{remainder:0width$}", width = digits as usize);
-    (whole, format!(".{}", padded.trim_end_matches('0')))
-}
-
 /// Unix seconds of Go's zero `time.Time` (0001-01-01T00:00:00Z), which `metav1.Time`
 /// marshals as JSON `null` instead of a string.
 pub const GO_ZERO_TIME_UNIX_SECONDS: i64 = -62_135_596_800;
@@ -425,6 +372,7 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     const KI: u64 = 1 << 10;
     const MI: u64 = 1 << 20;
@@ -661,46 +609,6 @@ mod tests {
     fn quantity_serializes_as_json_string() {
         let json = serde_json::to_string(&Quantity::from_memory_bytes(MI));
         assert_eq!(json.ok().as_deref(), Some("\"1Mi\""));
-    }
-
-    /// Expectations from Go's `time.Duration.String` (and its tests in `time_test.go`).
-    #[test]
-    fn go_duration_table() {
-        let cases: &[(Duration, &str)] = &[
-            (Duration::ZERO, "0s"),
-            (Duration::from_nanos(1), "1ns"),
-            (Duration::from_nanos(999), "999ns"),
-            (Duration::from_nanos(1_000), "1µs"),
-            (Duration::from_nanos(1_100), "1.1µs"),
-            (Duration::from_nanos(1_500), "1.5µs"),
-            (Duration::from_nanos(2_200_000), "2.2ms"),
-            (Duration::from_millis(500), "500ms"),
-            (Duration::from_nanos(999_999_999), "999.999999ms"),
-            (Duration::from_secs(1), "1s"),
-            (Duration::from_millis(3_300), "3.3s"),
-            (Duration::from_secs(15), "15s"),
-            (Duration::from_millis(20_051), "20.051s"),
-            (Duration::from_nanos(20_051_000_001), "20.051000001s"),
-            (Duration::from_secs(60), "1m0s"),
-            (Duration::from_millis(60_500), "1m0.5s"),
-            (Duration::from_secs(4 * 60 + 5), "4m5s"),
-            (Duration::from_millis(4 * 60_000 + 5_001), "4m5.001s"),
-            (Duration::from_secs(3_600), "1h0m0s"),
-            (Duration::from_secs(3_723), "1h2m3s"),
-            (
-                Duration::from_millis(5 * 3_600_000 + 6 * 60_000 + 7_001),
-                "5h6m7.001s",
-            ),
-            (Duration::from_secs(8 * 3_600 + 1), "8h0m1s"),
-            (
-                Duration::from_nanos(i64::MAX as u64),
-                "2562047h47m16.854775807s",
-            ),
-            (Duration::MAX, "2562047h47m16.854775807s"),
-        ];
-        for &(duration, want) in cases {
-            assert_eq!(go_duration(duration), want, "{duration:?}");
-        }
     }
 
     #[test]

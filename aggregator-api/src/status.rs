@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 
+use crate::go;
 use crate::json::{non_empty, non_empty_vec, Adapted, GoListMeta, GoSeq};
 
 /// A `metav1.Status` error body, serialized in Go's order:
@@ -77,7 +78,7 @@ impl Status {
         let message = format!(
             "{} {} not found",
             group_resource(group, resource),
-            go_quote(name)
+            go::quote(name)
         );
         Self::failure(
             404,
@@ -156,7 +157,7 @@ impl Status {
             format!(
                 "{} {} is forbidden: {error}",
                 group_resource(group, resource),
-                go_quote(name)
+                go::quote(name)
             )
         };
         Self::failure(
@@ -180,7 +181,7 @@ impl Status {
             "MethodNotAllowed",
             format!(
                 "{action} is not supported on resources of kind {}",
-                go_quote(&group_resource(group, resource))
+                go::quote(&group_resource(group, resource))
             ),
             Some(meta::StatusDetails {
                 group: Some(group.to_owned()),
@@ -291,16 +292,16 @@ fn group_resource(group: &str, resource: &str) -> String {
 
 /// `responsewriters.forbiddenMessage`.
 fn forbidden_message(a: &RequestAttributes<'_>) -> String {
-    let user = go_quote(a.user);
+    let user = go::quote(a.user);
     if !a.resource_request {
-        return format!("User {user} cannot {} path {}", a.verb, go_quote(a.path));
+        return format!("User {user} cannot {} path {}", a.verb, go::quote(a.path));
     }
     let resource = if a.subresource.is_empty() {
         a.resource.to_owned()
     } else {
         format!("{}/{}", a.resource, a.subresource)
     };
-    let (resource, group) = (go_quote(&resource), go_quote(a.api_group));
+    let (resource, group) = (go::quote(&resource), go::quote(a.api_group));
     if a.namespace.is_empty() {
         format!(
             "User {user} cannot {} resource {resource} in API group {group} at the cluster scope",
@@ -310,7 +311,7 @@ fn forbidden_message(a: &RequestAttributes<'_>) -> String {
         format!(
             "User {user} cannot {} resource {resource} in API group {group} in the namespace {}",
             a.verb,
-            go_quote(a.namespace)
+            go::quote(a.namespace)
         )
     }
 }
@@ -320,90 +321,6 @@ fn sanitize_html(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
-}
-
-/// Go's `%q` / `strconv.Quote`: double quotes, Go escapes for `"`, `\` and
-/// `\a \b \f \n \r \t \v`, `\xNN` for other ASCII controls and DEL, and `\uNNNN` /
-/// `\UNNNNNNNN` for non-printable non-ASCII characters.
-///
-/// Go's `unicode.IsPrint` needs Unicode tables; this approximates it by treating as
-/// non-printable the C1 controls, every space separator but U+0020, the line and paragraph
-/// separators, the common format characters, private-use code points and noncharacters.
-/// Unassigned code points (which Go escapes) pass through. Kubernetes names are ASCII, so this
-/// only matters for nonsense names echoed back in errors.
-pub fn go_quote(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for ch in text.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{07}' => out.push_str("\\a"),
-            '\u{08}' => out.push_str("\\b"),
-            '\u{0c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{0b}' => out.push_str("\\v"),
-            ' '..='~' => out.push(ch),
-            '\u{00}'..='\u{1f}' | '\u{7f}' => push_hex(&mut out, "\\x", 2, ch),
-            _ if go_is_print(ch) => out.push(ch),
-            _ if u32::from(ch) < 0x1_0000 => push_hex(&mut out, "\\u", 4, ch),
-            _ => push_hex(&mut out, "\\U", 8, ch),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// Appends `prefix` and `ch` as `width` lowercase hex digits.
-fn push_hex(out: &mut String, prefix: &str, width: usize, ch: char) {
-    use std::fmt::Write as _;
-    // Writing to a String cannot fail.
-    let _ = write!(out, "{prefix}{:0width$x}", u32::from(ch));
-}
-
-/// An approximation of Go's `unicode.IsPrint` for non-ASCII characters (see [`go_quote`]).
-fn go_is_print(ch: char) -> bool {
-    let code = u32::from(ch);
-    if code >= 0x3_0000 {
-        // Planes 3 to 16: CJK extensions G and H and the variation selectors supplement are
-        // printable; the rest is unassigned, tags, private use or noncharacters.
-        return matches!(code, 0x3_0000..=0x3_23af | 0xe_0100..=0xe_01ef);
-    }
-    let not_print = matches!(
-        code,
-        // C1 controls, no-break space, soft hyphen.
-        0x80..=0xa0
-            | 0xad
-            // Arabic and Syriac format characters.
-            | 0x600..=0x605
-            | 0x61c
-            | 0x6dd
-            | 0x70f
-            | 0x890..=0x891
-            | 0x8e2
-            // Ogham space, Mongolian vowel separator.
-            | 0x1680
-            | 0x180e
-            // General punctuation spaces, joiners, marks, separators, invisible operators.
-            | 0x2000..=0x200f
-            | 0x2028..=0x202f
-            | 0x205f..=0x206f
-            | 0x3000
-            // Surrogates (not chars) and the BMP private use area.
-            | 0xd800..=0xf8ff
-            | 0xfdd0..=0xfdef
-            | 0xfeff
-            | 0xfff9..=0xfffb
-            // Supplementary format characters.
-            | 0x110bd
-            | 0x110cd
-            | 0x13430..=0x1343f
-            | 0x1bca0..=0x1bca3
-            | 0x1d173..=0x1d17a
-    ) || code & 0xfffe == 0xfffe;
-    !not_print
 }
 
 #[cfg(test)]
@@ -558,33 +475,5 @@ mod tests {
             json(&Status::default()),
             "{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"metadata\":{}}\n"
         );
-    }
-
-    #[test]
-    fn go_quote_matches_strconv_quote() {
-        let cases = [
-            ("", r#""""#),
-            ("plain", r#""plain""#),
-            ("ns/name", r#""ns/name""#),
-            ("q\"b\\", r#""q\"b\\""#),
-            ("\u{07}\u{08}\u{0c}\n\r\t\u{0b}", r#""\a\b\f\n\r\t\v""#),
-            ("\u{00}\u{1b}\u{7f}", r#""\x00\x1b\x7f""#),
-            ("µs héllo 世界", "\"µs héllo 世界\""),
-            (
-                "\u{a0}\u{ad}\u{2028}\u{feff}",
-                r#""\u00a0\u00ad\u2028\ufeff""#,
-            ),
-            ("\u{85}", r#""\u0085""#),
-            ("\u{e000}", r#""\ue000""#),
-            (
-                "\u{1d173}\u{e0001}\u{e0100}",
-                "\"\\U0001d173\\U000e0001\u{e0100}\"",
-            ),
-            ("\u{f0000}\u{1fffe}", r#""\U000f0000\U0001fffe""#),
-            ("😀", "\"😀\""),
-        ];
-        for (input, want) in cases {
-            assert_eq!(go_quote(input), want, "{input:?}");
-        }
     }
 }

@@ -56,12 +56,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
 use crate::api::negotiate::{self, Encoding, Endpoint, Target, MEDIA_TYPES};
 use crate::api::selector::{
-    aggregate, go_parse_int, is_dns1123_label, is_dns1123_subdomain, FieldSelector, LabelSelector,
+    aggregate, is_dns1123_label, is_dns1123_subdomain, FieldSelector, LabelSelector,
 };
 use crate::api::table::{IncludeObject, TableOptions};
 use crate::api::types::MetricsVersion;
+use crate::go;
 use crate::json::encode_json;
-use crate::status::{go_quote, RequestAttributes, Status};
+use crate::status::{RequestAttributes, Status};
 
 /// Longest raw query string accepted, in bytes (kpulse's bound; the apiserver has none).
 pub const MAX_QUERY_BYTES: usize = 16 * 1024;
@@ -445,8 +446,8 @@ impl FieldError {
                         b.pop();
                         String::from_utf8(b).ok()
                     })
-                    .unwrap_or_else(|| go_quote(&self.text));
-                let supported: Vec<String> = self.supported.iter().map(|s| go_quote(s)).collect();
+                    .unwrap_or_else(|| go::quote(&self.text));
+                let supported: Vec<String> = self.supported.iter().map(|s| go::quote(s)).collect();
                 format!(
                     "Unsupported value: {value}: supported values: {}",
                     supported.join(", ")
@@ -548,7 +549,7 @@ fn preflight_decoded(parts: &RequestParts<'_>) -> Result<(Preflight, Decoded), R
     let mut timeout_nanos = None;
     if !info.is_long_running() {
         if let Some(value) = decoded.query.first("timeout").filter(|v| !v.is_empty()) {
-            match go_parse_duration(value) {
+            match go::parse_duration(value) {
                 Ok(nanos) => timeout_nanos = Some(nanos),
                 Err(e) => {
                     return Err(Rejection::Error(ApiError {
@@ -572,13 +573,16 @@ fn preflight_decoded(parts: &RequestParts<'_>) -> Result<(Preflight, Decoded), R
 
 /// The path and query, decoded once.
 struct Decoded {
+    /// The path as text (invalid UTF-8 as U+FFFD, as Go's JSON shows it).
     path: String,
+    /// The path's bytes, for `EscapedPath`.
+    path_bytes: Vec<u8>,
     query: Query,
 }
 
 impl Decoded {
     fn new(parts: &RequestParts<'_>) -> Result<Self, Rejection> {
-        let Some(path) = percent_decode(parts.path, false) else {
+        let Ok(path) = go::unescape(parts.path, go::Part::Path) else {
             return Err(Rejection::Plain {
                 code: 400,
                 body: "400 Bad Request".to_owned(),
@@ -595,7 +599,8 @@ impl Decoded {
             }));
         }
         Ok(Self {
-            path: go_lossy(&path),
+            path: go::lossy(&path),
+            path_bytes: path,
             query: Query::parse(raw_query),
         })
     }
@@ -634,12 +639,12 @@ impl Decoded {
             if current.len() < 2 {
                 let url = format!(
                     "{}{}",
-                    go_escaped_path(parts.path, &self.path),
+                    go::escaped_path(parts.path, &self.path_bytes),
                     parts.query.map(|q| format!("?{q}")).unwrap_or_default()
                 );
                 let message = format!(
                     "Internal Server Error: {}: failed to create RequestInfo: unable to determine kind and namespace from url, {url}",
-                    go_quote(&parts.request_uri())
+                    go::quote(&parts.request_uri())
                 );
                 return Err(Rejection::Plain {
                     code: 500,
@@ -871,7 +876,7 @@ pub fn parse(parts: &RequestParts<'_>) -> Result<ApiRequest, Rejection> {
         request.options = options;
     } else {
         if let Some(export) = decoded.query.first("export") {
-            if go_convert_bool(export) {
+            if go::convert_bool(export) {
                 return Err(fail(Status::bad_request(
                     "the export parameter, deprecated since v1.14, is no longer supported",
                 )));
@@ -971,11 +976,13 @@ impl Query {
                 continue;
             }
             let (key, value) = chunk.split_once('=').unwrap_or((chunk, ""));
-            let (Some(key), Some(value)) = (percent_decode(key, true), percent_decode(value, true))
-            else {
+            let (Ok(key), Ok(value)) = (
+                go::unescape(key, go::Part::Query),
+                go::unescape(value, go::Part::Query),
+            ) else {
                 continue;
             };
-            pairs.push((go_lossy(&key), go_lossy(&value)));
+            pairs.push((go::lossy(&key), go::lossy(&value)));
         }
         Self { pairs }
     }
@@ -993,21 +1000,6 @@ impl Query {
     }
 }
 
-/// `runtime.Convert_Slice_string_To_bool`: false for `0` and `false` in any case (Go's
-/// `EqualFold`, so `ſ` matches `s`), true for anything else, the empty string included.
-fn go_convert_bool(value: &str) -> bool {
-    if value == "0" {
-        return false;
-    }
-    let mut chars = value.chars();
-    let equal_false = "false".chars().all(|want| {
-        chars
-            .next()
-            .is_some_and(|c| c.to_ascii_lowercase() == want || (want == 's' && c == '\u{17f}'))
-    }) && chars.next().is_none();
-    !equal_false
-}
-
 /// `ParameterCodec.DecodeParameters` into the internal `ListOptions`: url values to
 /// `v1.ListOptions` (integers may fail), then the selectors parsed (labels, then fields).
 fn decode_list_options(query: &Query) -> Result<ListOptions, String> {
@@ -1019,21 +1011,21 @@ fn decode_list_options(query: &Query) -> Result<ListOptions, String> {
     let int = |key: &str| -> Result<Option<i64>, String> {
         query
             .first(key)
-            .map(|v| go_parse_int(v).map_err(|e| e.message(v)))
+            .map(|v| go::parse_int(v).map_err(|e| e.message(v)))
             .transpose()
     };
     let label_selector = string("labelSelector");
     let field_selector = string("fieldSelector");
-    options.watch = query.first("watch").is_some_and(go_convert_bool);
+    options.watch = query.first("watch").is_some_and(go::convert_bool);
     options.allow_watch_bookmarks = query
         .first("allowWatchBookmarks")
-        .is_some_and(go_convert_bool);
+        .is_some_and(go::convert_bool);
     options.resource_version = string("resourceVersion");
     options.resource_version_match = string("resourceVersionMatch");
     options.timeout_seconds = int("timeoutSeconds")?;
     options.limit = int("limit")?.unwrap_or(0);
     options.continue_token = string("continue");
-    options.send_initial_events = query.first("sendInitialEvents").map(go_convert_bool);
+    options.send_initial_events = query.first("sendInitialEvents").map(go::convert_bool);
     options.label_selector = LabelSelector::parse(&label_selector).map_err(|e| e.message)?;
     options.field_selector = FieldSelector::parse(&field_selector).map_err(|e| e.message)?;
     Ok(options)
@@ -1122,220 +1114,6 @@ fn validate_list_options(options: &ListOptions) -> Vec<FieldError> {
         ));
     }
     errors
-}
-
-// ---------------------------------------------------------------------------------------------
-// URLs.
-
-/// Go's `unescape`: `%XX` decoded (two hex digits required, else `None`); in query mode `+`
-/// is a space.
-fn percent_decode(s: &str, query: bool) -> Option<Vec<u8>> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hi = b.get(i + 1).and_then(|c| (*c as char).to_digit(16))?;
-                let lo = b.get(i + 2).and_then(|c| (*c as char).to_digit(16))?;
-                out.push(u8::try_from(hi * 16 + lo).ok()?);
-                i += 3;
-            }
-            b'+' if query => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    Some(out)
-}
-
-/// Bytes to text the way Go's JSON encoder shows invalid UTF-8: one U+FFFD per bad byte.
-fn go_lossy(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len());
-    for chunk in bytes.utf8_chunks() {
-        out.push_str(chunk.valid());
-        for _ in chunk.invalid() {
-            out.push('\u{fffd}');
-        }
-    }
-    out
-}
-
-/// `url.URL.EscapedPath`: the raw path when Go considers it validly encoded, else the
-/// decoded path escaped Go's way.
-fn go_escaped_path(raw: &str, decoded: &str) -> String {
-    let unreserved = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'~');
-    let path_ok = |c: u8| {
-        unreserved(c)
-            || matches!(
-                c,
-                b'$' | b'&' | b'+' | b',' | b'/' | b':' | b';' | b'=' | b'@'
-            )
-    };
-    let valid = raw
-        .bytes()
-        .all(|c| path_ok(c) || matches!(c, b'!' | b'\'' | b'(' | b')' | b'*' | b'[' | b']' | b'%'));
-    if valid {
-        return raw.to_owned();
-    }
-    let mut out = String::with_capacity(decoded.len() * 3);
-    for c in decoded.bytes() {
-        if path_ok(c) {
-            out.push(char::from(c));
-        } else {
-            out.push_str(&format!("%{c:02X}"));
-        }
-    }
-    out
-}
-
-/// Go's `time.ParseDuration`, returning nanoseconds or Go's error text.
-fn go_parse_duration(orig: &str) -> Result<i64, String> {
-    let invalid = || format!("time: invalid duration {}", go_time_quote(orig));
-    let mut s = orig.as_bytes();
-    let mut negative = false;
-    if let Some(&c) = s.first() {
-        if c == b'-' || c == b'+' {
-            negative = c == b'-';
-            s = &s[1..];
-        }
-    }
-    if s == b"0" {
-        return Ok(0);
-    }
-    if s.is_empty() {
-        return Err(invalid());
-    }
-    const LIMIT: u64 = 1 << 63;
-    let mut total: u64 = 0;
-    while !s.is_empty() {
-        if !(s[0] == b'.' || s[0].is_ascii_digit()) {
-            return Err(invalid());
-        }
-        // Integer part.
-        let mut v: u64 = 0;
-        let mut i = 0;
-        while i < s.len() && s[i].is_ascii_digit() {
-            if v > LIMIT / 10 {
-                return Err(invalid());
-            }
-            v = v * 10 + u64::from(s[i] - b'0');
-            if v > LIMIT {
-                return Err(invalid());
-            }
-            i += 1;
-        }
-        let pre = i > 0;
-        s = &s[i..];
-        // Fraction.
-        let mut f: u64 = 0;
-        let mut scale = 1f64;
-        let mut post = false;
-        if s.first() == Some(&b'.') {
-            s = &s[1..];
-            let mut i = 0;
-            let mut overflow = false;
-            while i < s.len() && s[i].is_ascii_digit() {
-                if !overflow {
-                    if f > (LIMIT - 1) / 10 {
-                        overflow = true;
-                    } else {
-                        let y = f * 10 + u64::from(s[i] - b'0');
-                        if y > LIMIT {
-                            overflow = true;
-                        } else {
-                            f = y;
-                            scale *= 10.0;
-                        }
-                    }
-                }
-                i += 1;
-            }
-            post = i > 0;
-            s = &s[i..];
-        }
-        if !pre && !post {
-            return Err(invalid());
-        }
-        // Unit.
-        let i = s
-            .iter()
-            .position(|&c| c == b'.' || c.is_ascii_digit())
-            .unwrap_or(s.len());
-        if i == 0 {
-            return Err(format!(
-                "time: missing unit in duration {}",
-                go_time_quote(orig)
-            ));
-        }
-        let unit_bytes = &s[..i];
-        s = &s[i..];
-        let unit: u64 = match unit_bytes {
-            b"ns" => 1,
-            b"us" | [0xc2, 0xb5, b's'] | [0xce, 0xbc, b's'] => 1_000, // us, µs (U+00B5), μs (U+03BC)
-            b"ms" => 1_000_000,
-            b"s" => 1_000_000_000,
-            b"m" => 60_000_000_000,
-            b"h" => 3_600_000_000_000,
-            _ => {
-                return Err(format!(
-                    "time: unknown unit {} in duration {}",
-                    go_time_quote(&String::from_utf8_lossy(unit_bytes)),
-                    go_time_quote(orig)
-                ))
-            }
-        };
-        if v > LIMIT / unit {
-            return Err(invalid());
-        }
-        v *= unit;
-        if f > 0 {
-            #[allow(
-                clippy::cast_possible_truncation,
-                clippy::cast_sign_loss,
-                clippy::cast_precision_loss
-            )]
-            let add = (f as f64 * (unit as f64 / scale)) as u64;
-            v += add;
-            if v > LIMIT {
-                return Err(invalid());
-            }
-        }
-        total += v;
-        if total > LIMIT {
-            return Err(invalid());
-        }
-    }
-    if negative {
-        return Ok(0i64.wrapping_sub_unsigned(total));
-    }
-    i64::try_from(total).map_err(|_| invalid())
-}
-
-/// The `time` package's own `quote`: `\xNN` for control and non-ASCII bytes.
-fn go_time_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        if c < ' ' || !c.is_ascii() {
-            let mut buf = [0u8; 4];
-            for b in c.encode_utf8(&mut buf).bytes() {
-                out.push_str(&format!("\\x{b:02x}"));
-            }
-        } else {
-            if c == '"' || c == '\\' {
-                out.push('\\');
-            }
-            out.push(c);
-        }
-    }
-    out.push('"');
-    out
 }
 
 #[cfg(test)]
@@ -2316,41 +2094,6 @@ mod tests {
         assert_eq!(p.query, Some("limit=1"));
         assert_eq!(p.accept, Some(KUBECTL_TOP));
         assert_eq!(parse(&p).map(|r| r.format.encoding), Ok(Encoding::Protobuf));
-    }
-
-    #[test]
-    fn go_helpers() {
-        // (input, Ok(nanoseconds) or Err(message)) checked against Go's time.ParseDuration.
-        let durations: [(&str, Result<i64, &str>); 12] = [
-            ("0", Ok(0)),
-            ("-1.5h", Ok(-5_400_000_000_000)),
-            ("1h2m3s4ms5us6ns", Ok(3_723_004_005_006)),
-            ("1µs", Ok(1_000)),
-            ("1μs", Ok(1_000)),
-            (".5s", Ok(500_000_000)),
-            ("2562047h47m16.854775807s", Ok(i64::MAX)),
-            ("-9223372036854775808ns", Ok(i64::MIN)),
-            (
-                "9223372036854775808ns",
-                Err("time: invalid duration \"9223372036854775808ns\""),
-            ),
-            ("é", Err("time: invalid duration \"\\xc3\\xa9\"")),
-            (
-                "1h\u{1}",
-                Err("time: unknown unit \"h\\x01\" in duration \"1h\\x01\""),
-            ),
-            ("1.5.5h", Err("time: missing unit in duration \"1.5.5h\"")),
-        ];
-        for (input, want) in durations {
-            assert_eq!(
-                go_parse_duration(input).map_err(|e| e.clone()),
-                want.map_err(str::to_owned),
-                "{input:?}"
-            );
-        }
-        assert_eq!(go_escaped_path("/a%2Fb", "/a/b"), "/a%2Fb");
-        assert_eq!(go_escaped_path("/a\"b", "/a\"b"), "/a%22b");
-        assert_eq!(go_lossy(b"a\xe2\x82b\xff"), "a\u{fffd}\u{fffd}b\u{fffd}");
     }
 
     #[test]

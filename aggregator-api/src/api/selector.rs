@@ -34,7 +34,7 @@
 //! kpulse-specific, not upstream: a selector longer than [`MAX_SELECTOR_BYTES`] or with more
 //! than [`MAX_REQUIREMENTS`] requirements (terms) is rejected with a message saying so.
 
-use crate::status::go_quote;
+use crate::go;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -130,13 +130,13 @@ impl Requirement {
             Operator::Exists => labels.contains_key(&self.key),
             Operator::DoesNotExist => !labels.contains_key(&self.key),
             Operator::GreaterThan | Operator::LessThan => {
-                let Some(Ok(have)) = labels.get(&self.key).map(|v| go_parse_int(v)) else {
+                let Some(Ok(have)) = labels.get(&self.key).map(|v| go::parse_int(v)) else {
                     return false;
                 };
                 let [want] = self.values.as_slice() else {
                     return false;
                 };
-                let Ok(want) = go_parse_int(want) else {
+                let Ok(want) = go::parse_int(want) else {
                     return false;
                 };
                 if self.operator == Operator::GreaterThan {
@@ -615,10 +615,10 @@ fn new_requirement(
     let mut errors: Vec<String> = Vec::new();
     if matches!(operator, Operator::GreaterThan | Operator::LessThan) {
         for (i, value) in values.iter().enumerate() {
-            if go_parse_int(value).is_err() {
+            if go::parse_int(value).is_err() {
                 errors.push(format!(
                     "values[{i}]: Invalid value: {}: for 'Gt', 'Lt' operators, the value must be an integer",
-                    go_quote(value)
+                    go::quote(value)
                 ));
             }
         }
@@ -628,7 +628,7 @@ fn new_requirement(
         if !messages.is_empty() {
             errors.push(format!(
                 "values[{i}][{key}]: Invalid value: {}: {}",
-                go_quote(value),
+                go::quote(value),
                 messages.join("; ")
             ));
         }
@@ -728,7 +728,7 @@ pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
 fn dns1123_subdomain_errors(value: &str) -> Vec<String> {
     let mut errors = Vec::new();
     if value.len() > 253 {
-        errors.push("must be no more than 253 bytes".to_owned());
+        errors.push("must be no more than 253 characters".to_owned());
     }
     if !is_dns1123_subdomain(value) {
         errors.push(regex_error(
@@ -760,7 +760,7 @@ fn label_key_errors(value: &str) -> Vec<String> {
         }
         _ => {
             errors.push(format!(
-                "a valid label key {} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')",
+                "a qualified name {} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')",
                 regex_error(LABEL_KEY_ERR, LABEL_KEY_FMT, &["MyName", "my.name", "123-abc"])
             ));
             return errors;
@@ -769,7 +769,7 @@ fn label_key_errors(value: &str) -> Vec<String> {
     if name.is_empty() {
         errors.push("name part must be non-empty".to_owned());
     } else if name.len() > 63 {
-        errors.push("name part must be no more than 63 bytes".to_owned());
+        errors.push("name part must be no more than 63 characters".to_owned());
     }
     if !is_label_name(name) {
         errors.push(format!(
@@ -788,7 +788,7 @@ fn label_key_errors(value: &str) -> Vec<String> {
 fn label_value_errors(value: &str) -> Vec<String> {
     let mut errors = Vec::new();
     if value.len() > 63 {
-        errors.push("must be no more than 63 bytes".to_owned());
+        errors.push("must be no more than 63 characters".to_owned());
     }
     if !value.is_empty() && !is_label_name(value) {
         errors.push(regex_error(
@@ -806,7 +806,7 @@ fn invalid_label_key(key: &str, path: &str) -> Option<String> {
     (!messages.is_empty()).then(|| {
         format!(
             "{path}: Invalid value: {}: {}",
-            go_quote(key),
+            go::quote(key),
             messages.join("; ")
         )
     })
@@ -925,7 +925,7 @@ impl FieldSelector {
         {
             Some(t) => Err(SelectorError::new(format!(
                 "{} is not a known field selector: only \"metadata.name\", \"metadata.namespace\"",
-                go_quote(&t.field)
+                go::quote(&t.field)
             ))),
             None => Ok(()),
         }
@@ -1063,60 +1063,6 @@ fn unescape_field_value(value: &str) -> Result<String, SelectorError> {
     Ok(out)
 }
 
-// ---------------------------------------------------------------------------------------------
-// Go library behaviour shared with `request.rs`.
-
-/// A `strconv.ParseInt(s, 10, 64)` failure.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum IntError {
-    /// `invalid syntax`.
-    Syntax,
-    /// `value out of range`.
-    Range,
-}
-
-impl IntError {
-    /// The error text Go prints: `strconv.ParseInt: parsing "<s>": <reason>`.
-    pub(crate) fn message(self, input: &str) -> String {
-        let reason = match self {
-            Self::Syntax => "invalid syntax",
-            Self::Range => "value out of range",
-        };
-        format!("strconv.ParseInt: parsing {}: {reason}", go_quote(input))
-    }
-}
-
-/// `strconv.ParseInt(s, 10, 64)`: optional sign, ASCII digits, no underscores; a range error
-/// wins as soon as the digits overflow, even before a later bad character.
-pub(crate) fn go_parse_int(s: &str) -> Result<i64, IntError> {
-    let (negative, digits) = match s.as_bytes().first() {
-        Some(b'+') => (false, s.get(1..).unwrap_or_default()),
-        Some(b'-') => (true, s.get(1..).unwrap_or_default()),
-        _ => (false, s),
-    };
-    if digits.is_empty() {
-        return Err(IntError::Syntax);
-    }
-    let mut n: u64 = 0;
-    for b in digits.bytes() {
-        if !b.is_ascii_digit() {
-            return Err(IntError::Syntax);
-        }
-        n = n
-            .checked_mul(10)
-            .and_then(|n| n.checked_add(u64::from(b - b'0')))
-            .ok_or(IntError::Range)?;
-    }
-    if negative {
-        if n > 1 << 63 {
-            return Err(IntError::Range);
-        }
-        Ok(0i64.wrapping_sub_unsigned(n))
-    } else {
-        i64::try_from(n).map_err(|_| IntError::Range)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1211,16 +1157,16 @@ mod tests {
             ("a>".into(), "unable to parse requirement: values[0]: Invalid value: \"\": for 'Gt', 'Lt' operators, the value must be an integer".into()),
             ("a>1a".into(), "unable to parse requirement: values[0]: Invalid value: \"1a\": for 'Gt', 'Lt' operators, the value must be an integer".into()),
             ("a>99999999999999999999".into(), "unable to parse requirement: values[0]: Invalid value: \"99999999999999999999\": for 'Gt', 'Lt' operators, the value must be an integer".into()),
-            (format!("k={}", "v".repeat(64)), format!("unable to parse requirement: values[0][k]: Invalid value: \"{}\": must be no more than 63 bytes", "v".repeat(64))),
-            (format!("{}=v", "x".repeat(64)), format!("unable to parse requirement: <nil>: Invalid value: \"{}\": name part must be no more than 63 bytes", "x".repeat(64))),
-            (format!("{}/n=v", "p".repeat(254)), format!("unable to parse requirement: <nil>: Invalid value: \"{}/n\": prefix part must be no more than 253 bytes", "p".repeat(254))),
+            (format!("k={}", "v".repeat(64)), format!("unable to parse requirement: values[0][k]: Invalid value: \"{}\": must be no more than 63 characters", "v".repeat(64))),
+            (format!("{}=v", "x".repeat(64)), format!("unable to parse requirement: <nil>: Invalid value: \"{}\": name part must be no more than 63 characters", "x".repeat(64))),
+            (format!("{}/n=v", "p".repeat(254)), format!("unable to parse requirement: <nil>: Invalid value: \"{}/n\": prefix part must be no more than 253 characters", "p".repeat(254))),
             ("/a=b".into(), "unable to parse requirement: <nil>: Invalid value: \"/a\": prefix part must be non-empty".into()),
             ("example.com/".into(), format!("unable to parse requirement: <nil>: Invalid value: \"example.com/\": name part must be non-empty; name part {KEY_RE}")),
             (
                 "Ex.com/a=b".into(),
                 "unable to parse requirement: <nil>: Invalid value: \"Ex.com/a\": prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".into(),
             ),
-            ("a/b/c=d".into(), format!("unable to parse requirement: <nil>: Invalid value: \"a/b/c\": a valid label key {KEY_RE} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')")),
+            ("a/b/c=d".into(), format!("unable to parse requirement: <nil>: Invalid value: \"a/b/c\": a qualified name {KEY_RE} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')")),
             ("a in (x y)".into(), "unable to parse requirement: found 'y', expected: ',' or ')'".into()),
             ("a in x".into(), "unable to parse requirement: found 'x' expected: '('".into()),
             ("a notin".into(), "unable to parse requirement: found '' expected: '('".into()),
@@ -1444,37 +1390,6 @@ mod tests {
         );
         let long = "x".repeat(MAX_SELECTOR_BYTES + 1);
         assert!(FieldSelector::parse(&long).is_err());
-    }
-
-    #[test]
-    fn go_parse_int_matches_strconv() {
-        let cases: [(&str, Result<i64, IntError>); 14] = [
-            ("0", Ok(0)),
-            ("-0", Ok(0)),
-            ("+7", Ok(7)),
-            ("007", Ok(7)),
-            ("9223372036854775807", Ok(i64::MAX)),
-            ("-9223372036854775808", Ok(i64::MIN)),
-            ("9223372036854775808", Err(IntError::Range)),
-            ("-9223372036854775809", Err(IntError::Range)),
-            ("99999999999999999999x", Err(IntError::Range)),
-            ("", Err(IntError::Syntax)),
-            ("-", Err(IntError::Syntax)),
-            ("1_000", Err(IntError::Syntax)),
-            (" 1", Err(IntError::Syntax)),
-            ("0x10", Err(IntError::Syntax)),
-        ];
-        for (input, want) in cases {
-            assert_eq!(go_parse_int(input), want, "{input:?}");
-        }
-        assert_eq!(
-            IntError::Syntax.message("abc"),
-            "strconv.ParseInt: parsing \"abc\": invalid syntax"
-        );
-        assert_eq!(
-            IntError::Range.message("99999999999999999999"),
-            "strconv.ParseInt: parsing \"99999999999999999999\": value out of range"
-        );
     }
 
     /// A small deterministic generator for garbage inputs.

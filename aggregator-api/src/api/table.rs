@@ -36,8 +36,9 @@ use serde::{Serialize, Serializer};
 use crate::api::types::{
     MetricsVersion, NodeMetrics, NodeMetricsList, PodMetrics, PodMetricsList, Usage,
 };
+use crate::go;
 use crate::json::{GoListMeta, GoObjectMeta};
-use crate::quantity::{self, Quantity};
+use crate::quantity::Quantity;
 use crate::status::Status;
 
 /// The group version of the Table itself.
@@ -307,7 +308,7 @@ fn node_rows(metadata: ListMeta, nodes: &[NodeMetrics], options: &TableOptions) 
         let mut cells = Vec::with_capacity(usage.len() + 2);
         cells.push(node.metadata.name.clone().unwrap_or_default());
         cells.extend(usage.iter().map(|(_, value)| value.canonical()));
-        cells.push(quantity::go_duration(node.window));
+        cells.push(go::format_duration(go::nanos(node.window)));
         rows.push(TableRow {
             cells,
             object: row_object(&node.metadata, options, || {
@@ -365,7 +366,7 @@ fn pod_rows(metadata: ListMeta, pods: &[PodMetrics], options: &TableOptions) -> 
                 .unwrap_or_else(|| Quantity::zero().canonical());
             cells.push(value);
         }
-        cells.push(quantity::go_duration(pod.window));
+        cells.push(go::format_duration(go::nanos(pod.window)));
         rows.push(TableRow {
             cells,
             object: row_object(&pod.metadata, options, || {

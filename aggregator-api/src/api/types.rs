@@ -38,9 +38,10 @@ use k8s_openapi::jiff;
 use serde::ser::{SerializeMap, SerializeStruct};
 use serde::{Serialize, Serializer};
 
+use crate::go;
 use crate::json::{encode_json, GoListMeta, GoObjectMeta, GoTime};
 use crate::quantity::{self, Quantity};
-use crate::status::{go_quote, Status};
+use crate::status::Status;
 
 /// The API group metrics-server serves.
 pub const GROUP: &str = "metrics.k8s.io";
@@ -198,7 +199,7 @@ impl Serialize for NodeMetrics {
         self.type_meta.serialize_into(&mut state)?;
         state.serialize_field("metadata", &GoObjectMeta(&self.metadata))?;
         state.serialize_field("timestamp", &GoTime(self.timestamp))?;
-        state.serialize_field("window", &quantity::go_duration(self.window))?;
+        state.serialize_field("window", &go::format_duration(go::nanos(self.window)))?;
         state.serialize_field("usage", &self.usage)?;
         state.end()
     }
@@ -308,7 +309,7 @@ impl Serialize for PodMetrics {
         self.type_meta.serialize_into(&mut state)?;
         state.serialize_field("metadata", &GoObjectMeta(&self.metadata))?;
         state.serialize_field("timestamp", &GoTime(self.timestamp))?;
-        state.serialize_field("window", &quantity::go_duration(self.window))?;
+        state.serialize_field("window", &go::format_duration(go::nanos(self.window)))?;
         state.serialize_field("containers", &self.containers)?;
         state.end()
     }
@@ -414,7 +415,7 @@ impl Status {
                 bytes.pop();
                 String::from_utf8(bytes).ok()
             })
-            .unwrap_or_else(|| go_quote(value));
+            .unwrap_or_else(|| go::quote(value));
         Self::bad_request(format!(
             "Unable to convert to Table as requested: includeObject: Invalid value: {value}: \
              must be 'Metadata', 'Object', 'None', or empty"

@@ -55,7 +55,8 @@ use tokio::{
 };
 
 use super::UserInfo;
-use crate::status::{go_quote, RequestAttributes};
+use crate::go;
+use crate::status::RequestAttributes;
 
 /// The group whose members every request is allowed to (k8s.io/apiserver's default
 /// `AlwaysAllowGroups`; there is no flag for it).
@@ -485,7 +486,7 @@ impl Decision {
 /// HTML-escaped, with a trailing newline, as `text/plain; charset=utf-8` with
 /// `X-Content-Type-Options: nosniff` ([`crate::body::text`] sets both).
 pub fn internal_error_body(request_uri: &str, error: &str) -> String {
-    let text = format!("Internal Server Error: {}: {error}", go_quote(request_uri));
+    let text = format!("Internal Server Error: {}: {error}", go::quote(request_uri));
     let mut body = text
         .replace('&', "&amp;")
         .replace('<', "&lt;")

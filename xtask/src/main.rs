@@ -11,6 +11,7 @@ mod cluster;
 mod demo;
 mod exec;
 mod fuzz;
+mod go_golden;
 mod harness;
 mod soak;
 mod test;
@@ -46,6 +47,8 @@ enum Command {
     Demo(demo::Options),
     /// Run the cargo-fuzz targets of fuzz/ (nightly) and report; fails on a crash.
     Fuzz(fuzz::Options),
+    /// Rewrite (or --check) aggregator-api's golden.jsonl: what Go prints for go.rs's cases.
+    GoGolden(go_golden::Options),
     /// Long run under agents and readers: end-to-end count, errors, RSS drift; pass/fail.
     Soak(soak::Options),
     /// Run every test: lints, host tests, accuracy on this kernel and in qemu VMs.
@@ -67,6 +70,7 @@ fn main() -> Result<()> {
         Command::Cluster(opts) => cluster::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
         Command::Fuzz(opts) => fuzz::run(&opts),
+        Command::GoGolden(opts) => go_golden::run(&opts),
         Command::Soak(opts) => soak::run(&opts),
         Command::Test(opts) => test::run(&opts),
         Command::Vm(opts) => vm::run(&opts),

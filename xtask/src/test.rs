@@ -1,8 +1,9 @@
 //! `cargo xtask test`: every test of the project, as CI runs it.
 //!
 //! 1. the eBPF toolchain and object (`build-ebpf --release`, installing what is missing);
-//! 2. `cargo fmt --check`, `cargo clippy --all-targets -D warnings`, and the same lints on
-//!    `ebpf/` with Debian's clippy (`build_ebpf::clippy`, installing `rust-web-clippy`);
+//! 2. `cargo fmt --check`, `cargo clippy --all-targets -D warnings`, the same lints on
+//!    `ebpf/` with Debian's clippy (`build_ebpf::clippy`, installing `rust-web-clippy`), and
+//!    `go-golden --check` (aggregator-api's `golden.jsonl` is what Go prints);
 //! 3. `cargo test` of the host workspace: unit tests, the `deploy/` manifest checks
 //!    (`xtask/tests/manifests.rs`, real `kubectl kustomize`), and the accuracy test against
 //!    this machine's kernel (real cgroups, processes and eBPF; root needed);
@@ -33,7 +34,7 @@ use std::{
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 
-use crate::{build_ebpf, cluster, exec, vm};
+use crate::{build_ebpf, cluster, exec, go_golden, vm};
 
 /// `cargo xtask test` flags.
 #[derive(Debug, clap::Args)]
@@ -159,6 +160,8 @@ pub fn run(opts: &Options) -> Result<()> {
     // The host clippy skips ebpf/ (it only builds for bpfel-unknown-none): Debian's clippy of
     // the eBPF build's own rustc lints it.
     build_ebpf::clippy()?;
+    // aggregator-api's Go goldens are what Go prints now.
+    go_golden::run(&go_golden::Options { check: true })?;
     finished("format and lints", t);
     passed += 1;
 

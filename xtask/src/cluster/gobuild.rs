@@ -249,7 +249,7 @@ pub fn go_command() -> Result<PathBuf> {
 /// A `go` command with the environment every build uses: no cgo (static binaries) unless
 /// asked, no toolchain download (a module that needs a newer Go fails, naming the version),
 /// and module mode.
-fn go(go: &Path, dir: &Path) -> Command {
+pub(crate) fn go(go: &Path, dir: &Path) -> Command {
     let mut cmd = Command::new(go);
     cmd.current_dir(dir)
         .env("CGO_ENABLED", "0")

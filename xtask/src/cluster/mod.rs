@@ -15,7 +15,7 @@ mod bench_discovery;
 mod check;
 mod daemons;
 mod faults;
-mod gobuild;
+pub(crate) mod gobuild;
 mod host;
 mod images;
 mod migrate;

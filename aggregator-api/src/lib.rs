@@ -32,6 +32,11 @@
 //! 6. Back in `api/handler.rs`: the encoding, as JSON (`api/types.rs`, `json.rs`), a Table
 //!    (`api/table.rs`) or protobuf (`api/proto.rs`), in a response body (`body.rs`).
 //!
+//! Wherever an answer depends on Go's library behaviour (how `strconv.Quote` quotes a name in
+//! a message, how `?timeout=` or `?limit=` parse, how a duration prints, how the path is
+//! unescaped), the code calls [`go`], which reproduces it and is tested against output
+//! captured from Go.
+//!
 //! The data arrives the other way: `ingest.rs` (the agents' port) → `session.rs` →
 //! `store.rs` and `metadata.rs`.
 //!

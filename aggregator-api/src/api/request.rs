@@ -966,11 +966,15 @@ pub fn error_encoding(parts: &RequestParts<'_>) -> ErrorEncoding {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Query {
     pairs: Vec<(String, String)>,
+    /// Each pair's value as decoded bytes (Go keeps them; an error quoting the value shows
+    /// an invalid byte as `\xff`, not as U+FFFD).
+    raw_values: Vec<Vec<u8>>,
 }
 
 impl Query {
     pub(crate) fn parse(raw: &str) -> Self {
         let mut pairs = Vec::new();
+        let mut raw_values = Vec::new();
         for chunk in raw.split('&') {
             if chunk.is_empty() || chunk.contains(';') {
                 continue;
@@ -983,8 +987,9 @@ impl Query {
                 continue;
             };
             pairs.push((go::lossy(&key), go::lossy(&value)));
+            raw_values.push(value);
         }
-        Self { pairs }
+        Self { pairs, raw_values }
     }
 
     fn is_empty(&self) -> bool {
@@ -998,6 +1003,12 @@ impl Query {
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
     }
+
+    /// [`Query::first`] as the decoded bytes.
+    pub(crate) fn first_bytes(&self, key: &str) -> Option<&[u8]> {
+        let at = self.pairs.iter().position(|(k, _)| k == key)?;
+        self.raw_values.get(at).map(Vec::as_slice)
+    }
 }
 
 /// `ParameterCodec.DecodeParameters` into the internal `ListOptions`: url values to
@@ -1010,8 +1021,8 @@ fn decode_list_options(query: &Query) -> Result<ListOptions, String> {
     let string = |key: &str| query.first(key).unwrap_or("").to_owned();
     let int = |key: &str| -> Result<Option<i64>, String> {
         query
-            .first(key)
-            .map(|v| go::parse_int(v).map_err(|e| e.message(v)))
+            .first_bytes(key)
+            .map(|v| go::parse_int_bytes(v).map_err(|e| e.message_bytes(v)))
             .transpose()
     };
     let label_selector = string("labelSelector");
@@ -1695,6 +1706,8 @@ mod tests {
         let cases: Vec<(&str, u16, &str, String)> = vec![
             ("timeoutSeconds=x&labelSelector=-", 400, "BadRequest", "strconv.ParseInt: parsing \"x\": invalid syntax".into()),
             ("limit=abc", 400, "BadRequest", "strconv.ParseInt: parsing \"abc\": invalid syntax".into()),
+            // Go keeps the decoded byte, and strconv.Quote shows it as \xff.
+            ("limit=%ff", 400, "BadRequest", "strconv.ParseInt: parsing \"\\xff\": invalid syntax".into()),
             ("limit=", 400, "BadRequest", "strconv.ParseInt: parsing \"\": invalid syntax".into()),
             ("limit=99999999999999999999", 400, "BadRequest", "strconv.ParseInt: parsing \"99999999999999999999\": value out of range".into()),
             ("labelSelector=a%3D-b&fieldSelector=x", 400, "BadRequest", format!("unable to parse requirement: values[0][a]: Invalid value: \"-b\": {value_re}")),

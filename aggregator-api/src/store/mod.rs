@@ -120,25 +120,46 @@
 //! path, and lock-free maps (`papaya`, `scc`) would buy little, since the maps only change
 //! when pods or nodes come and go; `arc-swap` is already a workspace dependency. Nothing
 //! here blocks, so the store can be called from async tasks directly.
+//!
+//! # Files
+//!
+//! This file holds the [`Store`] and its public types; the rest is private:
+//!
+//! - `series.rs`: one series (the node's or a container's) and the rules above: restarts,
+//!   points back in time, first-interval visibility, the served window, the rate.
+//! - `state.rs`: the immutable per-node snapshot, its cell, and how a batch builds the next
+//!   snapshot from the current one.
+//! - `key.rs`: [`PodKey`], `namespace/name`.
+//! - `sharded.rs`: the copy-on-write sharded maps of the node table and the pod index.
+//! - `clock.rs`: [`Clock`], [`SystemClock`], [`ManualClock`].
 
-use std::borrow::Borrow;
-use std::collections::hash_map::Entry;
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use kpulse_wire::{Bytes, CgroupId, ContainerSample, CpuNanos, NodeBatch, NodeSample, UnixNanos};
+use kpulse_wire::{Bytes, NodeBatch, UnixNanos};
+
+mod clock;
+mod key;
+mod series;
+mod sharded;
+mod state;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use key::PodKey;
+
+use key::write_key;
+use series::Limits;
+use sharded::ShardedMap;
+use state::{next_state, NodeCell, NodeState, PodState};
 
 /// The shortest first window served from `started_at` (250 ms). Agents know a
 /// container's start to 10 ms (the kernel's process start time in clock ticks); over a
 /// shorter window that uncertainty would be more than 4 % of the rate, so such a container
 /// waits for its second point instead.
 pub const MIN_FIRST_WINDOW: Duration = Duration::from_millis(250);
-const MIN_FIRST_WINDOW_NANOS: u64 = MIN_FIRST_WINDOW.as_nanos() as u64;
 
 /// Default for [`StoreConfig::first_point_max_age`]: metrics-server's default resolution.
 pub const DEFAULT_FIRST_POINT_MAX_AGE: Duration = Duration::from_secs(15);
@@ -196,140 +217,6 @@ impl StoreConfig {
             window: Duration::ZERO,
         }
     }
-}
-
-/// Where the store reads "now" from: expiry and the receive time of batches.
-pub trait Clock: Send + Sync {
-    /// The current wall-clock time.
-    fn now(&self) -> UnixNanos;
-}
-
-/// The system's wall clock.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> UnixNanos {
-        UnixNanos::from_system_time(SystemTime::now())
-    }
-}
-
-/// A clock that only moves when told to, for tests and benchmarks. Share it with the store
-/// through an `Arc`.
-#[derive(Debug, Default)]
-pub struct ManualClock(AtomicU64);
-
-impl ManualClock {
-    /// A clock reading `now`.
-    pub fn new(now: UnixNanos) -> ManualClock {
-        ManualClock(AtomicU64::new(now.0))
-    }
-
-    /// Sets the time (it may go backwards).
-    pub fn set(&self, now: UnixNanos) {
-        self.0.store(now.0, Ordering::SeqCst);
-    }
-
-    /// Moves the time forward, saturating.
-    pub fn advance(&self, by: Duration) {
-        let by = duration_nanos(by);
-        let _ = self
-            .0
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
-                Some(t.saturating_add(by))
-            });
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> UnixNanos {
-        UnixNanos(self.0.load(Ordering::SeqCst))
-    }
-}
-
-impl<C: Clock + ?Sized> Clock for Arc<C> {
-    fn now(&self) -> UnixNanos {
-        (**self).now()
-    }
-}
-
-/// A pod's `namespace/name`, the key the Metrics API serves pods by. Cheap to clone.
-#[derive(Clone)]
-pub struct PodKey {
-    /// `namespace/name`; the namespace contains no `/`.
-    full: Arc<str>,
-    ns_len: usize,
-}
-
-impl PodKey {
-    /// The key of a pod, or `None` if the namespace or name is empty or the namespace
-    /// contains `/` (Kubernetes allows neither).
-    pub fn new(namespace: &str, name: &str) -> Option<PodKey> {
-        let mut buf = String::new();
-        write_key(&mut buf, namespace, name).then(|| PodKey::from_key_str(&buf))
-    }
-
-    fn from_key_str(full: &str) -> PodKey {
-        PodKey {
-            ns_len: full.find('/').unwrap_or(full.len()),
-            full: Arc::from(full),
-        }
-    }
-
-    /// `metadata.namespace`.
-    pub fn namespace(&self) -> &str {
-        self.full.get(..self.ns_len).unwrap_or_default()
-    }
-
-    /// `metadata.name`.
-    pub fn name(&self) -> &str {
-        self.full.get(self.ns_len + 1..).unwrap_or_default()
-    }
-}
-
-impl PartialEq for PodKey {
-    fn eq(&self, other: &PodKey) -> bool {
-        self.full == other.full
-    }
-}
-
-impl Eq for PodKey {}
-
-impl Hash for PodKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        // Must hash as the `str` it borrows as.
-        (*self.full).hash(state);
-    }
-}
-
-impl Borrow<str> for PodKey {
-    fn borrow(&self) -> &str {
-        &self.full
-    }
-}
-
-impl fmt::Debug for PodKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.full, f)
-    }
-}
-
-impl fmt::Display for PodKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.full)
-    }
-}
-
-/// Writes `namespace/name` into `buf`; false if that would not be a valid [`PodKey`].
-fn write_key(buf: &mut String, namespace: &str, name: &str) -> bool {
-    buf.clear();
-    if namespace.is_empty() || name.is_empty() || namespace.contains('/') {
-        return false;
-    }
-    buf.push_str(namespace);
-    buf.push('/');
-    buf.push_str(name);
-    true
 }
 
 /// A node's usage, ready to become a `NodeMetrics` object.
@@ -432,352 +319,6 @@ fn age(t: UnixNanos, now: UnixNanos) -> Duration {
 type ServedObserver = Box<dyn Fn(Duration) + Send + Sync>;
 
 // ---------------------------------------------------------------------------------------
-// Stored state: immutable once published.
-
-/// One measured point; the identity fields tell instances apart.
-#[derive(Clone, Copy, Debug)]
-struct Point {
-    timestamp: UnixNanos,
-    cpu: CpuNanos,
-    memory: Bytes,
-    started_at: Option<UnixNanos>,
-    cgroup_id: Option<CgroupId>,
-}
-
-impl Point {
-    fn of_container(c: &ContainerSample) -> Point {
-        Point {
-            timestamp: c.timestamp,
-            cpu: c.cpu,
-            memory: c.memory_working_set,
-            started_at: c.started_at,
-            cgroup_id: c.cgroup_id,
-        }
-    }
-
-    fn of_node(n: &NodeSample) -> Point {
-        Point {
-            timestamp: n.timestamp,
-            cpu: n.cpu,
-            memory: n.memory_working_set,
-            started_at: n.started_at,
-            cgroup_id: None,
-        }
-    }
-
-    /// Same instance unless an identity field is known in both points and differs.
-    fn same_instance(&self, new: &Point) -> bool {
-        fn agree<T: PartialEq>(a: Option<T>, b: Option<T>) -> bool {
-            match (a, b) {
-                (Some(a), Some(b)) => a == b,
-                _ => true,
-            }
-        }
-        agree(self.cgroup_id, new.cgroup_id) && agree(self.started_at, new.started_at)
-    }
-}
-
-/// What a rate is computed from: an earlier point's time and counter.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Base {
-    timestamp: UnixNanos,
-    cpu: CpuNanos,
-}
-
-impl Base {
-    fn of(p: &Point) -> Base {
-        Base {
-            timestamp: p.timestamp,
-            cpu: p.cpu,
-        }
-    }
-}
-
-/// Points kept for the served window: the one the rate is taken from, then up to
-/// [`WINDOW_STEPS`] younger ones spaced at least `window / WINDOW_STEPS` apart, so that
-/// one of them is old enough when the window slides on.
-const BASES: usize = WINDOW_STEPS as usize + 1;
-/// See [`BASES`]: a served window is at most `window + window / WINDOW_STEPS` plus one
-/// agent interval.
-const WINDOW_STEPS: u64 = 4;
-
-/// Earlier points of one instance, oldest first; the oldest is the rate's base.
-#[derive(Clone, Copy, Debug, Default)]
-struct Bases {
-    at: [Base; BASES],
-    len: u8,
-}
-
-impl Bases {
-    fn one(b: Base) -> Bases {
-        let mut at = [Base::default(); BASES];
-        at[0] = b;
-        Bases { at, len: 1 }
-    }
-
-    fn as_slice(&self) -> &[Base] {
-        &self.at[..usize::from(self.len).min(BASES)]
-    }
-
-    fn oldest(&self) -> Option<Base> {
-        self.as_slice().first().copied()
-    }
-
-    fn newest(&self) -> Option<Base> {
-        self.as_slice().last().copied()
-    }
-
-    /// Appends `b` (younger than every kept point). When full, the second oldest makes
-    /// room: the oldest is the current base and must stay until a younger one is old
-    /// enough. With the spacing [`Limits::advance`] keeps this never happens.
-    fn push(&mut self, b: Base) {
-        let len = usize::from(self.len).min(BASES);
-        if len == BASES {
-            self.at.copy_within(2.., 1);
-            self.at[BASES - 1] = b;
-        } else {
-            self.at[len] = b;
-            self.len += 1;
-        }
-    }
-
-    /// Drops the oldest points while the next one is at least `qualify` before `t`: the
-    /// base becomes the newest point old enough for the window.
-    fn slide(&mut self, t: UnixNanos, qualify: u64) {
-        let len = usize::from(self.len).min(BASES);
-        let mut drop = 0;
-        while drop + 1 < len && t.0.saturating_sub(self.at[drop + 1].timestamp.0) >= qualify {
-            drop += 1;
-        }
-        if drop > 0 {
-            self.at.copy_within(drop.., 0);
-            self.len -= drop as u8;
-        }
-    }
-
-    /// Keeps the points strictly before `p` whose counter is not above its (for a point
-    /// that went back in time).
-    fn truncate_after(&mut self, p: &Point) {
-        let keep = self
-            .as_slice()
-            .iter()
-            .take_while(|b| b.timestamp < p.timestamp && b.cpu <= p.cpu)
-            .count();
-        self.len = keep as u8;
-    }
-}
-
-/// The last point of one instance and the earlier points its rate may start from.
-#[derive(Clone, Copy, Debug)]
-struct Series {
-    last: Point,
-    bases: Bases,
-}
-
-#[derive(Debug)]
-struct ContainerState {
-    name: Arc<str>,
-    series: Series,
-}
-
-#[derive(Debug)]
-struct PodState {
-    key: PodKey,
-    uid: Arc<str>,
-    containers: Box<[ContainerState]>,
-}
-
-/// One node as of its latest batch.
-#[derive(Debug, Default)]
-struct NodeState {
-    /// The store's clock when the batch arrived; 0 for a cell that never got one.
-    received_at: UnixNanos,
-    node: Option<Series>,
-    pods: HashMap<PodKey, PodState>,
-    /// Containers over all `pods`.
-    containers: usize,
-}
-
-#[derive(Debug)]
-struct NodeCell {
-    name: Arc<str>,
-    state: ArcSwap<NodeState>,
-    /// Set once the cell left the node table; readers then ignore it.
-    removed: AtomicBool,
-}
-
-/// The rate derived from a series.
-#[derive(Clone, Copy, Debug)]
-struct Rate {
-    timestamp: UnixNanos,
-    window: Duration,
-    cpu: NanoCores,
-    memory: Bytes,
-}
-
-/// Limits in nanoseconds, as the hot paths use them.
-#[derive(Clone, Copy, Debug)]
-struct Limits {
-    expiry: u64,
-    first_point_max_age: u64,
-    /// A point this old or older can be the base of the served window (`window` less
-    /// 1/16 of it; 0 with no window, i.e. the previous point).
-    qualify: u64,
-    /// Kept points are at least this far apart (`window / WINDOW_STEPS`).
-    spacing: u64,
-}
-
-impl Limits {
-    /// At most `expiry` old, by `now`. Timestamps ahead of `now` count as fresh; the
-    /// receive-time check bounds how long that can last.
-    fn fresh(&self, t: UnixNanos, now: UnixNanos) -> bool {
-        now.0.saturating_sub(t.0) <= self.expiry
-    }
-
-    fn new(config: &StoreConfig) -> Limits {
-        let window = duration_nanos(config.window);
-        Limits {
-            expiry: duration_nanos(config.metric_expiry),
-            first_point_max_age: duration_nanos(config.first_point_max_age),
-            qualify: window - window / 16,
-            spacing: window / WINDOW_STEPS,
-        }
-    }
-
-    /// The series of a point with no usable predecessor of its own instance.
-    fn first(&self, last: Point) -> Series {
-        let start = last.started_at.and_then(|start| {
-            let age = last.timestamp.0.checked_sub(start.0)?;
-            (age >= MIN_FIRST_WINDOW_NANOS && age <= self.first_point_max_age).then_some(Base {
-                timestamp: start,
-                cpu: CpuNanos(0),
-            })
-        });
-        Series {
-            last,
-            bases: start.map(Bases::one).unwrap_or_default(),
-        }
-    }
-
-    /// The series after `new` arrives; true when `new` starts a new instance.
-    fn advance(&self, old: Option<&Series>, new: Point, now: UnixNanos) -> (Series, bool) {
-        let Some(old) = old else {
-            return (self.first(new), false);
-        };
-        if !old.last.same_instance(&new) {
-            return (self.first(new), true);
-        }
-        if new.timestamp > old.last.timestamp {
-            if new.cpu < old.last.cpu {
-                // The counter went backwards: a new instance we could not otherwise tell.
-                return (self.first(new), true);
-            }
-            if self.fresh(old.last.timestamp, now) {
-                let mut bases = old.bases;
-                let spaced = bases.newest().is_none_or(|b| {
-                    old.last.timestamp.0.saturating_sub(b.timestamp.0) >= self.spacing
-                });
-                if spaced {
-                    bases.push(Base::of(&old.last));
-                }
-                bases.slide(new.timestamp, self.qualify);
-                return (Series { last: new, bases }, false);
-            }
-            return (self.first(new), false);
-        }
-        // A repeated or older point: keep the earlier points that are still older, if the
-        // newest of them is fresh.
-        let mut bases = old.bases;
-        bases.truncate_after(&new);
-        match bases.newest() {
-            Some(p) if self.fresh(p.timestamp, now) => {
-                bases.slide(new.timestamp, self.qualify);
-                (Series { last: new, bases }, false)
-            }
-            _ => (self.first(new), false),
-        }
-    }
-
-    /// The rate of a series, if it has one and its last point is fresh.
-    fn rate(&self, s: &Series, now: UnixNanos) -> Option<Rate> {
-        if !self.fresh(s.last.timestamp, now) {
-            return None;
-        }
-        let base = s.bases.oldest()?;
-        let (cpu, window) = cpu_rate(base, &s.last)?;
-        Some(Rate {
-            timestamp: s.last.timestamp,
-            window,
-            cpu,
-            memory: s.last.memory,
-        })
-    }
-}
-
-/// `Δcpu × 10⁹ / Δt` in nanocores, saturating; `None` unless time moved forward and the
-/// counter did not move back.
-fn cpu_rate(prev: Base, last: &Point) -> Option<(NanoCores, Duration)> {
-    let dt = last.timestamp.0.checked_sub(prev.timestamp.0)?;
-    if dt == 0 {
-        return None;
-    }
-    let dcpu = last.cpu.0.checked_sub(prev.cpu.0)?;
-    // u64::MAX × 10⁹ < 2⁹⁴: no overflow in u128.
-    let rate = u128::from(dcpu) * 1_000_000_000 / u128::from(dt);
-    Some((
-        NanoCores(u64::try_from(rate).unwrap_or(u64::MAX)),
-        Duration::from_nanos(dt),
-    ))
-}
-
-fn duration_nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-// ---------------------------------------------------------------------------------------
-// Copy-on-write sharded maps keyed by strings.
-
-struct ShardedMap<K, V> {
-    hasher: RandomState,
-    shards: Box<[ArcSwap<HashMap<K, V>>]>,
-}
-
-impl<K, V> ShardedMap<K, V>
-where
-    K: Borrow<str> + Hash + Eq + Clone,
-    V: Clone,
-{
-    /// `count` must be a power of two.
-    fn new(count: usize) -> Self {
-        ShardedMap {
-            hasher: RandomState::new(),
-            shards: (0..count).map(|_| ArcSwap::default()).collect(),
-        }
-    }
-
-    fn index(&self, key: &str) -> usize {
-        // Truncating the hash is fine: only the low bits pick the shard.
-        (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1)
-    }
-
-    fn shard(&self, key: &str) -> &ArcSwap<HashMap<K, V>> {
-        &self.shards[self.index(key)]
-    }
-
-    /// Applies `edit` to a copy of shard `index` and publishes it; retried if another
-    /// writer published first.
-    fn edit(&self, index: usize, mut edit: impl FnMut(&mut HashMap<K, V>)) {
-        if let Some(shard) = self.shards.get(index) {
-            shard.rcu(|current| {
-                let mut next = HashMap::clone(current);
-                edit(&mut next);
-                next
-            });
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------
 // The store.
 
 /// The metrics store. Share it (`Arc<Store>`) between the ingest layer and the API layer.
@@ -843,7 +384,7 @@ impl<C: Clock> Store<C> {
         let now = self.clock.now();
         let cell = self.cell_for(&batch.node_name);
         let old = cell.state.load_full();
-        let (state, summary, added, removed) = self.next_state(&old, batch, now);
+        let (state, summary, added, removed) = next_state(&self.limits, &old, batch, now);
         let state = Arc::new(state);
         cell.state.store(Arc::clone(&state));
 
@@ -1063,105 +604,6 @@ impl<C: Clock> Store<C> {
         cell
     }
 
-    /// Builds the node's next state from its current one and a batch. Also returns the pods
-    /// that were not in the current state and those that are no longer in it.
-    fn next_state(
-        &self,
-        old: &NodeState,
-        batch: NodeBatch,
-        now: UnixNanos,
-    ) -> (NodeState, IngestSummary, Vec<PodKey>, Vec<PodKey>) {
-        let limits = &self.limits;
-        let mut summary = IngestSummary::default();
-        let (node, node_restarted) =
-            limits.advance(old.node.as_ref(), Point::of_node(&batch.node), now);
-        summary.restarts += usize::from(node_restarted);
-
-        let mut pods: HashMap<PodKey, PodState> = HashMap::with_capacity(batch.pods.len());
-        let mut added = Vec::new();
-        let mut kept = 0;
-        let mut key = String::new();
-        for pod in batch.pods {
-            if !write_key(&mut key, &pod.namespace, &pod.name)
-                || pod.containers.is_empty()
-                || pod.containers.iter().any(|c| c.name.is_empty())
-            {
-                summary.invalid += 1;
-                continue;
-            }
-            let old_pod = old.pods.get(key.as_str());
-            let pod_key = match old_pod {
-                Some(p) => p.key.clone(),
-                None => PodKey::from_key_str(&key),
-            };
-            let slot = match pods.entry(pod_key) {
-                Entry::Occupied(_) => {
-                    summary.duplicates += 1;
-                    continue;
-                }
-                Entry::Vacant(slot) => slot,
-            };
-            // Points of an earlier pod with the same name are not this pod's.
-            let same_pod = old_pod.filter(|p| *p.uid == *pod.uid);
-            let mut containers: Vec<ContainerState> = Vec::with_capacity(pod.containers.len());
-            for sample in pod.containers {
-                if containers.iter().any(|c| *c.name == *sample.name) {
-                    summary.duplicates += 1;
-                    continue;
-                }
-                let old_container =
-                    same_pod.and_then(|p| p.containers.iter().find(|c| *c.name == *sample.name));
-                let (series, restarted) = limits.advance(
-                    old_container.map(|c| &c.series),
-                    Point::of_container(&sample),
-                    now,
-                );
-                summary.restarts +=
-                    usize::from(restarted || (old_pod.is_some() && same_pod.is_none()));
-                containers.push(ContainerState {
-                    name: old_container
-                        .map(|c| Arc::clone(&c.name))
-                        .unwrap_or_else(|| Arc::from(sample.name)),
-                    series,
-                });
-            }
-            let uid = match same_pod {
-                Some(p) => Arc::clone(&p.uid),
-                None => Arc::from(pod.uid),
-            };
-            if old_pod.is_some() {
-                kept += 1;
-            } else {
-                added.push(slot.key().clone());
-            }
-            summary.pods += 1;
-            summary.containers += containers.len();
-            let key = slot.key().clone();
-            slot.insert(PodState {
-                key,
-                uid,
-                containers: containers.into_boxed_slice(),
-            });
-        }
-        // Every pod of the old state that the batch did not list; none in steady state.
-        let removed = if kept == old.pods.len() {
-            Vec::new()
-        } else {
-            old.pods
-                .keys()
-                .filter(|k| !pods.contains_key(k.full.as_ref()))
-                .cloned()
-                .collect()
-        };
-        let state = NodeState {
-            received_at: now,
-            node: Some(node),
-            pods,
-            containers: summary.containers,
-        };
-        (state, summary, added, removed)
-    }
-
     /// Points `added` at `cell` (the newest report of a pod wins) and unlinks `removed` if
     /// they still point at `cell`. One copy per touched shard.
     fn index_pods(&self, cell: &Arc<NodeCell>, added: &[PodKey], removed: &[PodKey]) {
@@ -1318,8 +760,9 @@ impl<C: Clock> Store<C> {
 mod tests {
     use std::sync::atomic::AtomicUsize;
 
-    use kpulse_wire::PodSample;
+    use kpulse_wire::{CgroupId, ContainerSample, CpuNanos, NodeSample, PodSample};
 
+    use super::series::{cpu_rate, Base, Point, WINDOW_STEPS};
     use super::*;
 
     const S: u64 = 1_000_000_000;
@@ -2403,16 +1846,6 @@ mod tests {
         assert!(s.ready());
         clock.advance(Duration::from_secs(11));
         assert!(!s.ready(), "expired data does not keep the store ready");
-    }
-
-    #[test]
-    fn pod_key_splits_namespace_and_name() {
-        let k = PodKey::new("kube-system", "coredns-1").expect("valid");
-        assert_eq!((k.namespace(), k.name()), ("kube-system", "coredns-1"));
-        assert_eq!(k.to_string(), "kube-system/coredns-1");
-        assert_eq!(PodKey::new("a/b", "c"), None);
-        assert_eq!(PodKey::new("", "c"), None);
-        assert_eq!(PodKey::new("a", ""), None);
     }
 
     /// Readers run while a writer ingests; every answer must come from one whole batch.

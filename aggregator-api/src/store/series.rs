@@ -1,0 +1,282 @@
+//! One series (the node's, or one container's): its last point, the earlier points its
+//! rate may start from, and the rules that advance it and derive its rate ([`Limits`]):
+//! restarts, points back in time, first-interval visibility and the served window, as the
+//! `store` module docs describe them. Everything here is a small `Copy` value.
+
+use std::time::Duration;
+
+use kpulse_wire::{Bytes, CgroupId, ContainerSample, CpuNanos, NodeSample, UnixNanos};
+
+use super::clock::duration_nanos;
+use super::{NanoCores, StoreConfig, MIN_FIRST_WINDOW};
+
+const MIN_FIRST_WINDOW_NANOS: u64 = MIN_FIRST_WINDOW.as_nanos() as u64;
+
+/// One measured point; the identity fields tell instances apart.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Point {
+    pub(super) timestamp: UnixNanos,
+    pub(super) cpu: CpuNanos,
+    pub(super) memory: Bytes,
+    pub(super) started_at: Option<UnixNanos>,
+    pub(super) cgroup_id: Option<CgroupId>,
+}
+
+impl Point {
+    pub(super) fn of_container(c: &ContainerSample) -> Point {
+        Point {
+            timestamp: c.timestamp,
+            cpu: c.cpu,
+            memory: c.memory_working_set,
+            started_at: c.started_at,
+            cgroup_id: c.cgroup_id,
+        }
+    }
+
+    pub(super) fn of_node(n: &NodeSample) -> Point {
+        Point {
+            timestamp: n.timestamp,
+            cpu: n.cpu,
+            memory: n.memory_working_set,
+            started_at: n.started_at,
+            cgroup_id: None,
+        }
+    }
+
+    /// Same instance unless an identity field is known in both points and differs.
+    fn same_instance(&self, new: &Point) -> bool {
+        fn agree<T: PartialEq>(a: Option<T>, b: Option<T>) -> bool {
+            match (a, b) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+        }
+        agree(self.cgroup_id, new.cgroup_id) && agree(self.started_at, new.started_at)
+    }
+}
+
+/// What a rate is computed from: an earlier point's time and counter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Base {
+    pub(super) timestamp: UnixNanos,
+    pub(super) cpu: CpuNanos,
+}
+
+impl Base {
+    fn of(p: &Point) -> Base {
+        Base {
+            timestamp: p.timestamp,
+            cpu: p.cpu,
+        }
+    }
+}
+
+/// Points kept for the served window: the one the rate is taken from, then up to
+/// [`WINDOW_STEPS`] younger ones spaced at least `window / WINDOW_STEPS` apart, so that
+/// one of them is old enough when the window slides on.
+const BASES: usize = WINDOW_STEPS as usize + 1;
+/// See [`BASES`]: a served window is at most `window + window / WINDOW_STEPS` plus one
+/// agent interval.
+pub(super) const WINDOW_STEPS: u64 = 4;
+
+/// Earlier points of one instance, oldest first; the oldest is the rate's base.
+#[derive(Clone, Copy, Debug, Default)]
+struct Bases {
+    at: [Base; BASES],
+    len: u8,
+}
+
+impl Bases {
+    fn one(b: Base) -> Bases {
+        let mut at = [Base::default(); BASES];
+        at[0] = b;
+        Bases { at, len: 1 }
+    }
+
+    fn as_slice(&self) -> &[Base] {
+        &self.at[..usize::from(self.len).min(BASES)]
+    }
+
+    fn oldest(&self) -> Option<Base> {
+        self.as_slice().first().copied()
+    }
+
+    fn newest(&self) -> Option<Base> {
+        self.as_slice().last().copied()
+    }
+
+    /// Appends `b` (younger than every kept point). When full, the second oldest makes
+    /// room: the oldest is the current base and must stay until a younger one is old
+    /// enough. With the spacing [`Limits::advance`] keeps this never happens.
+    fn push(&mut self, b: Base) {
+        let len = usize::from(self.len).min(BASES);
+        if len == BASES {
+            self.at.copy_within(2.., 1);
+            self.at[BASES - 1] = b;
+        } else {
+            self.at[len] = b;
+            self.len += 1;
+        }
+    }
+
+    /// Drops the oldest points while the next one is at least `qualify` before `t`: the
+    /// base becomes the newest point old enough for the window.
+    fn slide(&mut self, t: UnixNanos, qualify: u64) {
+        let len = usize::from(self.len).min(BASES);
+        let mut drop = 0;
+        while drop + 1 < len && t.0.saturating_sub(self.at[drop + 1].timestamp.0) >= qualify {
+            drop += 1;
+        }
+        if drop > 0 {
+            self.at.copy_within(drop.., 0);
+            self.len -= drop as u8;
+        }
+    }
+
+    /// Keeps the points strictly before `p` whose counter is not above its (for a point
+    /// that went back in time).
+    fn truncate_after(&mut self, p: &Point) {
+        let keep = self
+            .as_slice()
+            .iter()
+            .take_while(|b| b.timestamp < p.timestamp && b.cpu <= p.cpu)
+            .count();
+        self.len = keep as u8;
+    }
+}
+
+/// The last point of one instance and the earlier points its rate may start from.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Series {
+    last: Point,
+    bases: Bases,
+}
+
+/// The rate derived from a series.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Rate {
+    pub(super) timestamp: UnixNanos,
+    pub(super) window: Duration,
+    pub(super) cpu: NanoCores,
+    pub(super) memory: Bytes,
+}
+
+/// Limits in nanoseconds, as the hot paths use them.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Limits {
+    pub(super) expiry: u64,
+    first_point_max_age: u64,
+    /// A point this old or older can be the base of the served window (`window` less
+    /// 1/16 of it; 0 with no window, i.e. the previous point).
+    qualify: u64,
+    /// Kept points are at least this far apart (`window / WINDOW_STEPS`).
+    spacing: u64,
+}
+
+impl Limits {
+    /// At most `expiry` old, by `now`. Timestamps ahead of `now` count as fresh; the
+    /// receive-time check bounds how long that can last.
+    pub(super) fn fresh(&self, t: UnixNanos, now: UnixNanos) -> bool {
+        now.0.saturating_sub(t.0) <= self.expiry
+    }
+
+    pub(super) fn new(config: &StoreConfig) -> Limits {
+        let window = duration_nanos(config.window);
+        Limits {
+            expiry: duration_nanos(config.metric_expiry),
+            first_point_max_age: duration_nanos(config.first_point_max_age),
+            qualify: window - window / 16,
+            spacing: window / WINDOW_STEPS,
+        }
+    }
+
+    /// The series of a point with no usable predecessor of its own instance.
+    fn first(&self, last: Point) -> Series {
+        let start = last.started_at.and_then(|start| {
+            let age = last.timestamp.0.checked_sub(start.0)?;
+            (age >= MIN_FIRST_WINDOW_NANOS && age <= self.first_point_max_age).then_some(Base {
+                timestamp: start,
+                cpu: CpuNanos(0),
+            })
+        });
+        Series {
+            last,
+            bases: start.map(Bases::one).unwrap_or_default(),
+        }
+    }
+
+    /// The series after `new` arrives; true when `new` starts a new instance.
+    pub(super) fn advance(
+        &self,
+        old: Option<&Series>,
+        new: Point,
+        now: UnixNanos,
+    ) -> (Series, bool) {
+        let Some(old) = old else {
+            return (self.first(new), false);
+        };
+        if !old.last.same_instance(&new) {
+            return (self.first(new), true);
+        }
+        if new.timestamp > old.last.timestamp {
+            if new.cpu < old.last.cpu {
+                // The counter went backwards: a new instance we could not otherwise tell.
+                return (self.first(new), true);
+            }
+            if self.fresh(old.last.timestamp, now) {
+                let mut bases = old.bases;
+                let spaced = bases.newest().is_none_or(|b| {
+                    old.last.timestamp.0.saturating_sub(b.timestamp.0) >= self.spacing
+                });
+                if spaced {
+                    bases.push(Base::of(&old.last));
+                }
+                bases.slide(new.timestamp, self.qualify);
+                return (Series { last: new, bases }, false);
+            }
+            return (self.first(new), false);
+        }
+        // A repeated or older point: keep the earlier points that are still older, if the
+        // newest of them is fresh.
+        let mut bases = old.bases;
+        bases.truncate_after(&new);
+        match bases.newest() {
+            Some(p) if self.fresh(p.timestamp, now) => {
+                bases.slide(new.timestamp, self.qualify);
+                (Series { last: new, bases }, false)
+            }
+            _ => (self.first(new), false),
+        }
+    }
+
+    /// The rate of a series, if it has one and its last point is fresh.
+    pub(super) fn rate(&self, s: &Series, now: UnixNanos) -> Option<Rate> {
+        if !self.fresh(s.last.timestamp, now) {
+            return None;
+        }
+        let base = s.bases.oldest()?;
+        let (cpu, window) = cpu_rate(base, &s.last)?;
+        Some(Rate {
+            timestamp: s.last.timestamp,
+            window,
+            cpu,
+            memory: s.last.memory,
+        })
+    }
+}
+
+/// `Δcpu × 10⁹ / Δt` in nanocores, saturating; `None` unless time moved forward and the
+/// counter did not move back.
+pub(super) fn cpu_rate(prev: Base, last: &Point) -> Option<(NanoCores, Duration)> {
+    let dt = last.timestamp.0.checked_sub(prev.timestamp.0)?;
+    if dt == 0 {
+        return None;
+    }
+    let dcpu = last.cpu.0.checked_sub(prev.cpu.0)?;
+    // u64::MAX × 10⁹ < 2⁹⁴: no overflow in u128.
+    let rate = u128::from(dcpu) * 1_000_000_000 / u128::from(dt);
+    Some((
+        NanoCores(u64::try_from(rate).unwrap_or(u64::MAX)),
+        Duration::from_nanos(dt),
+    ))
+}

@@ -214,6 +214,9 @@ fn no_module_import_cycles() {
     // The resolver sees the imports that are there.
     assert!(graph["api::handler"].contains("api::watch"));
     assert!(graph["api::watch"].contains("api::objects"));
+    // Directory modules (`store/mod.rs` and its files) are modules too.
+    assert!(graph["store::state"].contains("store::series"));
+    assert!(graph["api::proto::metrics"].contains("api::proto::metav1"));
     let cycles: Vec<String> = graph
         .keys()
         .filter_map(|m| cycle(&graph, m))

@@ -27,10 +27,11 @@
 //!    `api/selector.rs`) and the representation (`api/negotiate.rs`), or the error the
 //!    apiserver would send (`status.rs`).
 //! 5. `api/objects.rs`: which objects exist (`metadata.rs`, with `nodes.rs`) and their
-//!    numbers (`store.rs`); a watch (`api/watch.rs`) looks through the same functions
-//!    every second.
+//!    numbers (`store/mod.rs`, the rates from `store/series.rs`); a watch (`api/watch.rs`)
+//!    looks through the same functions every second.
 //! 6. Back in `api/handler.rs`: the encoding, as JSON (`api/types.rs`, `json.rs`), a Table
-//!    (`api/table.rs`) or protobuf (`api/proto.rs`), in a response body (`body.rs`).
+//!    (`api/table.rs`) or protobuf (`api/proto/mod.rs`, the messages in
+//!    `api/proto/metrics.rs` and `api/proto/metav1.rs`), in a response body (`body.rs`).
 //!
 //! Wherever an answer depends on Go's library behaviour (how `strconv.Quote` quotes a name in
 //! a message, how `?timeout=` or `?limit=` parse, how a duration prints, how the path is
@@ -38,7 +39,8 @@
 //! captured from Go.
 //!
 //! The data arrives the other way: `ingest.rs` (the agents' port) → `session.rs` →
-//! `store.rs` and `metadata.rs`.
+//! `store/mod.rs` (each batch becomes the node's next snapshot in `store/state.rs`) and
+//! `metadata.rs`.
 //!
 //! It is not a Kubernetes client beyond TokenReview, SubjectAccessReview, the
 //! authentication ConfigMap and a metadata-only watch of Nodes ([`nodes`]: which nodes

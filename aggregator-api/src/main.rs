@@ -180,7 +180,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
                 ("agents", agent_connections.clone()),
             ]),
     );
-    // The resource endpoints negotiate protobuf (api/proto.rs), so OpenAPI lists it.
+    // The resource endpoints negotiate protobuf (api/proto/), so OpenAPI lists it.
     let discovery = kpulse_aggregator_api::api::discovery::Discovery::new(
         kpulse_aggregator_api::api::document::Options {
             protobuf: true,

@@ -66,7 +66,7 @@ pub struct Options {
     pub advertise_watch: bool,
     /// `/version` is served, so OpenAPI describes it (metrics-server serves it).
     pub version_endpoint: bool,
-    /// The resource endpoints also produce protobuf (`api/proto.rs`), so OpenAPI lists
+    /// The resource endpoints also produce protobuf (`api/proto/`), so OpenAPI lists
     /// `application/vnd.kubernetes.protobuf` (and its `;stream=watch` form on lists), after
     /// JSON, in the apiserver's order. Discovery itself is only ever JSON here.
     pub protobuf: bool,

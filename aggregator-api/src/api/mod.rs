@@ -9,6 +9,7 @@ pub mod negotiate;
 pub mod objects;
 pub mod openapi;
 pub mod proto;
+pub mod query;
 pub mod request;
 pub mod selector;
 pub mod table;

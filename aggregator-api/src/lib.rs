@@ -23,9 +23,11 @@
 //!    here (`selfmetrics.rs`).
 //! 3. `api/handler.rs`: discovery and OpenAPI documents (`api/discovery.rs`,
 //!    `api/openapi.rs`, served as an `api/document.rs` `Document`), or a resource request.
-//! 4. `api/request.rs`: the route, the query (list options, selectors in
-//!    `api/selector.rs`) and the representation (`api/negotiate.rs`), or the error the
-//!    apiserver would send (`status.rs`).
+//! 4. `api/request.rs`: the route, the query (`api/query.rs`: list options, decoded and
+//!    validated; selectors in `api/selector/mod.rs`, parsed by `api/selector/labels.rs` and
+//!    `api/selector/fields.rs`, with the validation texts of `api/selector/validation.rs`)
+//!    and the representation (`api/negotiate.rs`), or the error the apiserver would send
+//!    (`status.rs`).
 //! 5. `api/objects.rs`: which objects exist (`metadata.rs`, with `nodes.rs`) and their
 //!    numbers (`store/mod.rs`, the rates from `store/series.rs`); a watch (`api/watch.rs`)
 //!    looks through the same functions every second.

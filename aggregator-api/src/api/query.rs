@@ -1,5 +1,5 @@
 //! The "decode query" step of the request path (route → negotiate → decode query → read →
-//! encode): the raw query as Go's `url.ParseQuery` reads it ([`Query`]), then, for a list,
+//! encode): the raw query as Go's `url.ParseQuery` reads it (`Query`), then, for a list,
 //! metav1 `ListOptions` decoded from it the way `ParameterCodec.DecodeParameters` does
 //! (integer errors, then the label selector, then the field selector: 400) and validated as
 //! `ValidateListOptions` does (422 `ListOptions.meta.k8s.io "" is invalid: …`).

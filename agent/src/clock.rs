@@ -90,25 +90,27 @@ const ANCHOR_GOOD_ENOUGH: u128 = 20_000;
 /// preemption, so that a counter read at `t` is reported at `t + preemption`.
 /// `None` if a clock cannot be read.
 fn read_anchor() -> Option<UnixNanos> {
-    let mut reads = Vec::with_capacity(ANCHOR_READS);
-    for _ in 0..ANCHOR_READS {
+    let mut reads = [BracketedRead::default(); ANCHOR_READS];
+    let mut taken = 0;
+    for read in &mut reads {
         let before = probe::clock_nanos(ClockId::Boottime)?;
         let real = probe::clock_nanos(ClockId::Realtime)?;
         let after = probe::clock_nanos(ClockId::Boottime)?;
-        reads.push(BracketedRead {
+        *read = BracketedRead {
             before,
             real,
             after,
-        });
+        };
+        taken += 1;
         if after.saturating_sub(before) <= ANCHOR_GOOD_ENOUGH {
             break;
         }
     }
-    tightest_anchor(&reads)
+    tightest_anchor(&reads[..taken])
 }
 
 /// `CLOCK_REALTIME` read between two reads of `CLOCK_BOOTTIME`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct BracketedRead {
     before: u128,
     real: u128,

@@ -39,7 +39,7 @@ pub fn quote(text: &str) -> String {
 
 /// [`quote`] of bytes that need not be UTF-8: each byte of an invalid sequence is `\xNN`,
 /// as Go quotes a `string` holding them.
-pub fn quote_bytes(bytes: &[u8]) -> String {
+fn quote_bytes(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() + 2);
     out.push('"');
     for chunk in bytes.utf8_chunks() {
@@ -199,7 +199,7 @@ pub fn parse_duration(s: &str) -> Result<i64, DurationError> {
 /// # Errors
 ///
 /// As [`parse_duration`].
-pub fn parse_duration_bytes(orig: &[u8]) -> Result<i64, DurationError> {
+fn parse_duration_bytes(orig: &[u8]) -> Result<i64, DurationError> {
     let invalid = || DurationError {
         message: format!("time: invalid duration {}", time_quote(orig)),
     };
@@ -415,7 +415,7 @@ pub enum Part {
 /// A `%` not followed by two hex digits; the text is Go's `url.EscapeError`:
 /// `invalid URL escape "%zz"`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid URL escape {}", quote_bytes(.escape.as_bytes()))]
+#[error("invalid URL escape {}", quote(.escape))]
 pub struct UnescapeError {
     escape: String,
 }

@@ -71,8 +71,23 @@ fn single_u64(path: &Path) -> Result<u64, FsError> {
     })
 }
 
+/// Reads the start of a statistics file and drops it: the kernel formats the whole file
+/// (and flushes what its `show` handler flushes, as for every reader) on the first read, so
+/// one small read, with nothing allocated, is enough to ask for the flush.
+pub fn read_to_flush(path: &Path) -> Result<(), FsError> {
+    use std::io::Read;
+    let mut buf = [0u8; 256];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut buf))
+        .map(|_| ())
+        .map_err(|source| FsError::Read {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
 /// v2 `cpu.stat` `usage_usec`, as nanoseconds. Reading it also makes the kernel flush
-/// the cgroup subtree's pending CPU statistics (rstat), which the eBPF collector relies on.
+/// the cgroup subtree's pending CPU statistics (rstat).
 pub fn cpu_stat_usage(dir: &Path) -> Result<CpuNanos, FsError> {
     let path = dir.join("cpu.stat");
     let text = read(&path)?;
@@ -226,6 +241,18 @@ pub fn join_rel(mount: &Path, rel: &str) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn read_to_flush_reads_or_says_not_found() {
+        let dir = std::env::temp_dir().join(format!("kpulse-flush-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("memory.stat");
+        std::fs::write(&file, "anon 1\n".repeat(1000)).expect("write");
+        assert!(read_to_flush(&file).is_ok());
+        let missing = read_to_flush(&dir.join("gone")).expect_err("missing file");
+        assert!(missing.is_not_found());
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
     use super::*;
 
     #[test]

@@ -286,8 +286,8 @@ pub struct EbpfCollector {
     mem_records: Vec<CgroupRecord>,
     cpu_paths: PathCache,
     mem_paths: PathCache,
-    /// Directories whose `cpu.stat` read flushes the subtree's CPU statistics.
-    flush_dirs: Vec<std::path::PathBuf>,
+    /// `cpu.stat` files whose read flushes the subtree's CPU statistics.
+    flush_files: Vec<std::path::PathBuf>,
     /// The scope root's `memory.stat` on the memory hierarchy, read to flush the subtree's
     /// memory statistics (see [`EbpfCollector::flush`]).
     memory_flush: std::path::PathBuf,
@@ -352,14 +352,14 @@ impl EbpfCollector {
             mem_records: Vec::new(),
             cpu_paths: PathCache::default(),
             mem_paths: PathCache::default(),
-            flush_dirs: Vec::new(),
+            flush_files: Vec::new(),
             memory_flush: std::path::PathBuf::new(),
             links: LinkEvents::default(),
             last_cpu: Vec::new(),
             names_copied: 0,
             mem_partners: Vec::new(),
         };
-        c.refresh_flush_dirs()?;
+        c.refresh_flush_files()?;
         c.self_check()?;
         if let Some(why) = c.iter.births_error() {
             tracing::warn!(
@@ -487,12 +487,12 @@ impl EbpfCollector {
     /// The files [`EbpfCollector::flush`] reads. The hierarchy root's `cpu.stat` reports
     /// kernel-wide figures and flushes nothing, so when the scope is the whole hierarchy the
     /// CPU flush goes through its children; the root's `memory.stat` flushes the whole tree.
-    fn refresh_flush_dirs(&mut self) -> Result<(), CollectError> {
+    fn refresh_flush_files(&mut self) -> Result<(), CollectError> {
         let root = cgroupfs::normalise_rel(&self.scope.root);
         self.memory_flush =
             cgroupfs::join_rel(self.scope.layout.memory_mount(), &root).join("memory.stat");
         let mount = self.scope.layout.cpu_mount();
-        self.flush_dirs = if root == "/" {
+        self.flush_files = if root == "/" {
             let mut dirs = Vec::new();
             let entries = std::fs::read_dir(mount).map_err(|source| FsError::Read {
                 path: mount.to_path_buf(),
@@ -500,12 +500,12 @@ impl EbpfCollector {
             })?;
             for e in entries.flatten() {
                 if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                    dirs.push(e.path());
+                    dirs.push(e.path().join("cpu.stat"));
                 }
             }
             dirs
         } else {
-            vec![cgroupfs::join_rel(mount, &root)]
+            vec![cgroupfs::join_rel(mount, &root).join("cpu.stat")]
         };
         Ok(())
     }
@@ -521,17 +521,17 @@ impl EbpfCollector {
     ///   memory controller there) has no memory statistics to flush.
     fn flush(&mut self) -> Result<(), CollectError> {
         let mut stale = false;
-        for d in &self.flush_dirs {
-            match cgroupfs::cpu_stat_usage(d) {
+        for f in &self.flush_files {
+            match cgroupfs::read_to_flush(f) {
                 Ok(_) => {}
                 Err(e) if e.is_not_found() => stale = true,
                 Err(e) => return Err(e.into()),
             }
         }
         if stale {
-            self.refresh_flush_dirs()?;
+            self.refresh_flush_files()?;
         }
-        match cgroupfs::read(&self.memory_flush) {
+        match cgroupfs::read_to_flush(&self.memory_flush) {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e.into()),

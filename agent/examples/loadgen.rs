@@ -310,6 +310,7 @@ impl Node {
                                 .unwrap_or(u64::MAX),
                         ),
                         memory_working_set: Bytes(sim::CONTAINER_MEMORY),
+                        swap: None,
                     })
                     .collect(),
             })
@@ -326,6 +327,7 @@ impl Node {
                     .unwrap_or(u64::MAX),
                 ),
                 memory_working_set: Bytes(sim::NODE_MEMORY),
+                swap: None,
             },
             pods: self.pods.clone(),
             counters,

@@ -469,6 +469,8 @@ impl PodIndex {
     fn assemble<'f>(&self, snap: &Snapshot, found: impl Iterator<Item = &'f Found>) -> Attribution {
         let mut measured: HashMap<&str, Vec<ContainerSample>> = HashMap::new();
         let mut unattributed = 0u64;
+        // Swap is sent for every container of a node with swap, and for none elsewhere.
+        let node_has_swap = snap.node.swap.is_some();
         for (c, f) in snap.cgroups.iter().zip(found) {
             let r = match f {
                 Found::Container(r) => r,
@@ -488,6 +490,7 @@ impl PodIndex {
                 started_at: None,
                 cpu,
                 memory_working_set: memory.working_set,
+                swap: if node_has_swap { memory.swap } else { None },
             });
         }
         let mut counters = Vec::new();
@@ -960,6 +963,7 @@ mod tests {
             node: NodeSample {
                 cpu: sample::CpuNanos(1),
                 memory_working_set: sample::Bytes(2),
+                swap: None,
             },
             dropped: 0,
         }
@@ -1051,6 +1055,31 @@ mod tests {
         let meta = index.pods().get(U1).expect("meta");
         assert_eq!(meta.name, "web");
         assert_eq!(meta.labels["app"], "web");
+    }
+
+    /// Containers carry swap exactly when the node has swap: every one of them then (0 where
+    /// the kernel counted none), none elsewhere whatever the collector read.
+    #[test]
+    fn swap_is_sent_for_every_container_of_a_node_with_swap_only() {
+        let (pods, mut cgroups) = cluster();
+        for c in &mut cgroups {
+            c.memory = c.memory.map(|m| m.with_swap(Some(Bytes(4096))));
+        }
+        let index = PodIndex::from_pods(&pods);
+        let mut s = snap(cgroups);
+        let swaps = |s: &Snapshot| -> Vec<Option<Bytes>> {
+            let a = index.join(s);
+            a.counters
+                .iter()
+                .flat_map(|p| p.containers.iter().map(|c| c.swap))
+                .collect()
+        };
+        let without = swaps(&s);
+        assert!(!without.is_empty());
+        assert!(without.iter().all(Option::is_none), "{without:?}");
+        s.node.swap = Some(Bytes(1 << 20));
+        let with = swaps(&s);
+        assert!(with.iter().all(|w| *w == Some(Bytes(4096))), "{with:?}");
     }
 
     #[test]

@@ -101,9 +101,10 @@ pub fn cpuacct_usage(dir: &Path) -> Result<CpuNanos, FsError> {
     single_u64(&dir.join("cpuacct.usage")).map(CpuNanos)
 }
 
-/// Memory of a v2 cgroup: `memory.current` and `memory.stat` (`inactive_file`, `anon`).
-/// `Ok(None)` when the memory controller is not enabled for it.
-pub fn memory_v2(dir: &Path) -> Result<Option<Memory>, FsError> {
+/// Memory of a v2 cgroup: `memory.current` and `memory.stat` (`inactive_file`, `anon`),
+/// and with `swap` its `memory.swap.current` (`None` where swap accounting is off and the
+/// file is missing). `Ok(None)` when the memory controller is not enabled for it.
+pub fn memory_v2(dir: &Path, swap: bool) -> Result<Option<Memory>, FsError> {
     let current = dir.join("memory.current");
     if !current.exists() {
         return Ok(None);
@@ -113,22 +114,31 @@ pub fn memory_v2(dir: &Path) -> Result<Option<Memory>, FsError> {
     let stat = read(&stat_path)?;
     let inactive = need_key(&stat_path, &stat, "inactive_file")?;
     let anon = need_key(&stat_path, &stat, "anon")?;
-    Ok(Some(Memory::from_raw(
-        Bytes(usage),
-        Bytes(inactive),
-        Bytes(anon),
-    )))
+    let swapped = if swap {
+        match single_u64(&dir.join("memory.swap.current")) {
+            Ok(b) => Some(Bytes(b)),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e),
+        }
+    } else {
+        None
+    };
+    Ok(Some(
+        Memory::from_raw(Bytes(usage), Bytes(inactive), Bytes(anon)).with_swap(swapped),
+    ))
 }
 
 /// Memory of a v1 memcg: `memory.usage_in_bytes` and `memory.stat`
-/// (`total_inactive_file`, `total_rss`), as cAdvisor reads them.
-pub fn memory_v1(dir: &Path) -> Result<Memory, FsError> {
+/// (`total_inactive_file`, `total_rss`, and with `swap` `total_swap`, absent where swap
+/// accounting is off), as cAdvisor reads them.
+pub fn memory_v1(dir: &Path, swap: bool) -> Result<Memory, FsError> {
     let usage = single_u64(&dir.join("memory.usage_in_bytes"))?;
     let stat_path = dir.join("memory.stat");
     let stat = read(&stat_path)?;
     let inactive = need_key(&stat_path, &stat, "total_inactive_file")?;
     let rss = need_key(&stat_path, &stat, "total_rss")?;
-    Ok(Memory::from_raw(Bytes(usage), Bytes(inactive), Bytes(rss)))
+    let swapped = swap.then(|| flat_key(&stat, "total_swap")).flatten();
+    Ok(Memory::from_raw(Bytes(usage), Bytes(inactive), Bytes(rss)).with_swap(swapped.map(Bytes)))
 }
 
 const MEMINFO: &str = "/proc/meminfo";
@@ -147,12 +157,30 @@ fn meminfo_bytes(text: &str, key: &str) -> Result<Bytes, FsError> {
         })
 }
 
-/// `MemTotal - MemFree` from `/proc/meminfo`, bytes: kubelet's node memory usage.
-pub fn meminfo_used() -> Result<Bytes, FsError> {
-    let text = read(Path::new(MEMINFO))?;
-    let total = meminfo_bytes(&text, "MemTotal")?;
-    let free = meminfo_bytes(&text, "MemFree")?;
-    Ok(Bytes(total.0.saturating_sub(free.0)))
+/// The node's memory figures from `/proc/meminfo`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemInfo {
+    /// `MemTotal - MemFree`: kubelet's node memory usage.
+    pub used: Bytes,
+    /// `SwapTotal - SwapFree`; `None` when `SwapTotal` is 0 (no swap on the node).
+    pub swap: Option<Bytes>,
+}
+
+/// Reads [`MemInfo`] from `/proc/meminfo`.
+pub fn meminfo() -> Result<MemInfo, FsError> {
+    parse_meminfo(&read(Path::new(MEMINFO))?)
+}
+
+fn parse_meminfo(text: &str) -> Result<MemInfo, FsError> {
+    let total = meminfo_bytes(text, "MemTotal")?;
+    let free = meminfo_bytes(text, "MemFree")?;
+    // Kernels without CONFIG_SWAP still print both lines, as 0.
+    let swap_total = meminfo_bytes(text, "SwapTotal")?;
+    let swap_free = meminfo_bytes(text, "SwapFree")?;
+    Ok(MemInfo {
+        used: Bytes(total.0.saturating_sub(free.0)),
+        swap: (swap_total.0 > 0).then(|| Bytes(swap_total.0.saturating_sub(swap_free.0))),
+    })
 }
 
 /// `Inactive(file)` from `/proc/meminfo`, bytes.
@@ -277,6 +305,23 @@ mod tests {
         );
         assert!(meminfo_bytes(text, "MemAvailable").is_err());
         assert!(meminfo_bytes(text, "Mem").is_err(), "a prefix is not a key");
+    }
+
+    #[test]
+    fn meminfo_swap_only_where_the_node_has_swap() {
+        let with = "MemTotal: 1000 kB\nMemFree: 250 kB\nSwapTotal: 4096 kB\nSwapFree: 1024 kB\n";
+        let m = parse_meminfo(with).expect("meminfo");
+        assert_eq!(m.used, Bytes(750 * 1024));
+        assert_eq!(m.swap, Some(Bytes(3072 * 1024)));
+        let used_up = "MemTotal: 1000 kB\nMemFree: 250 kB\nSwapTotal: 4096 kB\nSwapFree: 0 kB\n";
+        assert_eq!(
+            parse_meminfo(used_up).expect("meminfo").swap,
+            Some(Bytes(4096 * 1024))
+        );
+        let none = "MemTotal: 1000 kB\nMemFree: 250 kB\nSwapTotal: 0 kB\nSwapFree: 0 kB\n";
+        assert_eq!(parse_meminfo(none).expect("meminfo").swap, None);
+        let err = parse_meminfo("MemTotal: 1000 kB\nMemFree: 250 kB\n").expect_err("no swap lines");
+        assert!(err.to_string().contains("SwapTotal"), "{err}");
     }
 
     #[test]

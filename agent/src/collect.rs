@@ -158,17 +158,18 @@ pub fn select(
 
 /// Node totals shared by both collectors: CPU from the root cgroup's `cpu.stat` (the
 /// kernel computes it from per-CPU `kcpustat`, which no cgroup walk sees), memory as
-/// `MemTotal - MemFree - inactive_file(root)`.
+/// `MemTotal - MemFree - inactive_file(root)`, swap from `/proc/meminfo`.
 fn node_totals(layout: &Layout, root_inactive: Option<Bytes>) -> Result<NodeSample, FsError> {
     let cpu = cgroupfs::cpu_stat_usage(layout.cpu_mount())?;
-    let used = cgroupfs::meminfo_used()?;
+    let mem = cgroupfs::meminfo()?;
     let inactive = match root_inactive {
         Some(b) => b,
         None => root_inactive_file(layout)?,
     };
     Ok(NodeSample {
         cpu,
-        memory_working_set: Bytes(used.0.saturating_sub(inactive.0)),
+        memory_working_set: Bytes(mem.used.0.saturating_sub(inactive.0)),
+        swap: mem.swap,
     })
 }
 
@@ -210,6 +211,9 @@ impl Collector for CgroupfsCollector {
     fn collect(&mut self) -> Result<Snapshot, CollectError> {
         let s = &self.scope;
         let timestamp = sample::now();
+        // First, to know whether to read swap files at all (only where the node has swap).
+        let node = node_totals(&s.layout, None)?;
+        let swap = node.swap.is_some();
         let mut out: Vec<CgroupSample> = Vec::new();
         let (cpu_dirs, mut dropped) = cgroupfs::walk(s.layout.cpu_mount(), &s.root, s.max_cgroups)?;
         for d in &cpu_dirs {
@@ -219,7 +223,7 @@ impl Collector for CgroupfsCollector {
                 Err(e) => return Err(e.into()),
             };
             let memory = match &s.layout {
-                Layout::Unified { .. } if d.rel != "/" => match cgroupfs::memory_v2(&d.abs) {
+                Layout::Unified { .. } if d.rel != "/" => match cgroupfs::memory_v2(&d.abs, swap) {
                     Ok(m) => m,
                     Err(e) if e.is_not_found() => continue,
                     Err(e) => return Err(e.into()),
@@ -245,7 +249,7 @@ impl Collector for CgroupfsCollector {
                 if d.rel == "/" {
                     continue;
                 }
-                let m = match cgroupfs::memory_v1(&d.abs) {
+                let m = match cgroupfs::memory_v1(&d.abs, swap) {
                     Ok(m) => m,
                     Err(e) if e.is_not_found() => continue,
                     Err(e) => return Err(e.into()),
@@ -262,7 +266,6 @@ impl Collector for CgroupfsCollector {
                 }
             }
         }
-        let node = node_totals(&s.layout, None)?;
         Ok(Snapshot {
             timestamp,
             source: Source::Cgroupfs,
@@ -403,8 +406,8 @@ impl EbpfCollector {
         let read_files = |path: &str| {
             let dir = cgroupfs::join_rel(layout.memory_mount(), path);
             match &layout {
-                Layout::Unified { .. } => cgroupfs::memory_v2(&dir).ok().flatten(),
-                Layout::Hybrid { .. } => cgroupfs::memory_v1(&dir).ok(),
+                Layout::Unified { .. } => cgroupfs::memory_v2(&dir, false).ok().flatten(),
+                Layout::Hybrid { .. } => cgroupfs::memory_v1(&dir, false).ok(),
             }
         };
         // Cgroups holding enough memory for a wrong statistic to stand out.
@@ -833,16 +836,28 @@ fn name_by_inode(parent: &Path, ino: u64) -> Option<String> {
 }
 
 impl EbpfCollector {
+    /// A record's memory figures. Swap: the swap page counter on v2; on v1 (the hybrid
+    /// layout's memory hierarchy) the memory + swap counter less the memory counter, which
+    /// is what `total_swap` counts (a page moves its charge from memory to swap when it is
+    /// swapped out, and back when it is swapped in).
     fn memory_of(&self, r: &CgroupRecord) -> Option<Memory> {
         if r.flags & FLAG_MEMCG == 0 {
             return None;
         }
         let pages = |p: i64| Bytes(u64::try_from(p).unwrap_or(0).saturating_mul(self.page));
-        Some(Memory::from_raw(
-            Bytes(r.memory_usage_pages.saturating_mul(self.page)),
-            pages(r.inactive_file_pages),
-            pages(r.anon_pages),
-        ))
+        let swap_pages = if self.mem_link.is_some() {
+            r.swap_counter_pages.saturating_sub(r.memory_usage_pages)
+        } else {
+            r.swap_counter_pages
+        };
+        Some(
+            Memory::from_raw(
+                Bytes(r.memory_usage_pages.saturating_mul(self.page)),
+                pages(r.inactive_file_pages),
+                pages(r.anon_pages),
+            )
+            .with_swap(Some(Bytes(swap_pages.saturating_mul(self.page)))),
+        )
     }
 }
 
@@ -1184,6 +1199,7 @@ mod tests {
             memory_usage_pages: 0,
             inactive_file_pages: 0,
             anon_pages: 0,
+            swap_counter_pages: 0,
             // As the kernel's: another name is another string (FNV-1a of the name here).
             name_key: name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
                 (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)

@@ -185,6 +185,7 @@ mod tests {
             node: NodeSample {
                 cpu: CpuNanos(5),
                 memory_working_set: Bytes(6),
+                swap: None,
             },
             dropped: 0,
         };

@@ -50,6 +50,9 @@ pub struct KernelLayout {
     pub cgroup_memcg: u64,
     /// `struct mem_cgroup` → `memory.usage`.
     pub memcg_usage: u64,
+    /// `struct mem_cgroup` → `swap.usage`, the same place as `memsw.usage` (a union: the
+    /// swap counter on v2, memory + swap on v1).
+    pub memcg_swap: u64,
     /// `struct mem_cgroup` → `vmstats`.
     pub memcg_vmstats: u64,
     /// 1 if `mem_cgroup.vmstats` is a pointer, 0 if embedded.
@@ -146,6 +149,13 @@ impl KernelLayout {
                 "memcg_vmstats.state has {state_len} entries, need indices {inactive_idx} and {anon_idx}"
             )));
         }
+        let memcg_swap = k.member("mem_cgroup", &["swap", "usage"])?.0;
+        let memsw = k.member("mem_cgroup", &["memsw", "usage"])?.0;
+        if memsw != memcg_swap {
+            return Err(LayoutError::Unexpected(format!(
+                "mem_cgroup.swap ({memcg_swap}) and .memsw ({memsw}) are not one union"
+            )));
+        }
         Ok(KernelLayout {
             cgroup_kn: k.member("cgroup", &["kn"])?.0,
             kn_id: k.member("kernfs_node", &["id"])?.0,
@@ -158,6 +168,7 @@ impl KernelLayout {
                 .0,
             cgroup_memcg: subsys_off + memory_id * subsys_elem,
             memcg_usage: k.member("mem_cgroup", &["memory", "usage"])?.0,
+            memcg_swap,
             memcg_vmstats: vmstats_off,
             vmstats_is_ptr: u64::from(vmstats_is_ptr),
             vmstats_inactive_file: state_off + inactive_idx * state_elem,
@@ -346,6 +357,8 @@ mod tests {
         assert_ne!(l.cgroup_kn, l.cgroup_cpu);
         assert_eq!(l.css_parent % 8, 0);
         assert!(l.vmstats_anon > l.vmstats_inactive_file);
+        // The swap counter follows the memory counter (`struct page_counter` apart).
+        assert!(l.memcg_swap > l.memcg_usage, "{l:?}");
     }
 
     #[test]

@@ -238,6 +238,7 @@ fn loader_with_layout<'a>(loader: &mut EbpfLoader<'a>, l: &'a KernelLayout) {
         .override_global(globals::CGROUP_CPU, &l.cgroup_cpu, true)
         .override_global(globals::CGROUP_MEMCG, &l.cgroup_memcg, true)
         .override_global(globals::MEMCG_USAGE, &l.memcg_usage, true)
+        .override_global(globals::MEMCG_SWAP, &l.memcg_swap, true)
         .override_global(globals::MEMCG_VMSTATS, &l.memcg_vmstats, true)
         .override_global(globals::VMSTATS_IS_PTR, &l.vmstats_is_ptr, true)
         .override_global(

@@ -70,6 +70,7 @@ pub fn tick(
             started_at: node_started_at,
             cpu: snap.node.cpu,
             memory_working_set: snap.node.memory_working_set,
+            swap: snap.node.swap,
         },
         pods: pods.clone(),
         counters: attribution.counters,

@@ -35,17 +35,27 @@ pub struct Memory {
     pub rss: Bytes,
     /// `inactive_file` (v2) / `total_inactive_file` (v1) of `memory.stat`.
     pub inactive_file: Bytes,
+    /// Swap used by the cgroup's subtree, as kubelet reads it: `memory.swap.current` (v2) /
+    /// `total_swap` of `memory.stat` (v1). `None` when it was not read: swap accounting is
+    /// off, or the collector skips swap because the node has none.
+    pub swap: Option<Bytes>,
 }
 
 impl Memory {
-    /// Builds the figures from the kernel's raw counters.
+    /// Builds the figures from the kernel's raw counters, without swap.
     pub fn from_raw(usage: Bytes, inactive_file: Bytes, rss: Bytes) -> Memory {
         Memory {
             usage,
             working_set: Bytes(usage.0.saturating_sub(inactive_file.0)),
             rss,
             inactive_file,
+            swap: None,
         }
+    }
+
+    /// The same figures with the cgroup's swap.
+    pub fn with_swap(self, swap: Option<Bytes>) -> Memory {
+        Memory { swap, ..self }
     }
 }
 
@@ -72,6 +82,10 @@ pub struct NodeSample {
     pub cpu: CpuNanos,
     /// Working set of the whole node: `MemTotal - MemFree - inactive_file(root)`, floored at 0.
     pub memory_working_set: Bytes,
+    /// Swap in use on the node, `SwapTotal - SwapFree` of `/proc/meminfo`; `None` when the
+    /// node has no swap (`SwapTotal` 0). The node "has swap" exactly when this is `Some`:
+    /// only then are containers' swap figures sent (see `attribute`).
+    pub swap: Option<Bytes>,
 }
 
 /// Everything one collection cycle produced.

@@ -732,6 +732,7 @@ mod tests {
                     started_at: None,
                     cpu: kpulse_wire::CpuNanos(i),
                     memory_working_set: kpulse_wire::Bytes(0),
+                    swap: None,
                 },
                 pods: Arc::new(PodSet::default()),
                 counters: vec![],

@@ -204,6 +204,7 @@ mod tests {
             started_at: None,
             cpu: kpulse_wire::CpuNanos(0),
             memory_working_set: kpulse_wire::Bytes(0),
+            swap: None,
         }
     }
 
@@ -223,6 +224,7 @@ mod tests {
             node: crate::sample::NodeSample {
                 cpu: crate::sample::CpuNanos(0),
                 memory_working_set: crate::sample::Bytes(0),
+                swap: None,
             },
             dropped: 0,
         }

@@ -197,17 +197,123 @@ fn rel_err(got: f64, want: f64) -> f64 {
     }
 }
 
-/// The kernel's own working set of cgroup `kid`, from its files.
-fn file_working_set(layout: &Layout, parent: &str, kid: &str) -> u64 {
-    let m = match layout {
-        Layout::Unified { mount } => cgroupfs::memory_v2(&mount.join(parent).join(kid))
+/// The kernel's own memory figures of cgroup `kid`, from its files (swap included).
+fn file_memory(layout: &Layout, parent: &str, kid: &str) -> kpulse_agent::sample::Memory {
+    match layout {
+        Layout::Unified { mount } => cgroupfs::memory_v2(&mount.join(parent).join(kid), true)
             .expect("memory files")
             .expect("memory controller enabled"),
         Layout::Hybrid { memory, .. } => {
-            cgroupfs::memory_v1(&memory.join(parent).join(kid)).expect("memory files")
+            cgroupfs::memory_v1(&memory.join(parent).join(kid), true).expect("memory files")
+        }
+    }
+}
+
+/// The kernel's own working set of cgroup `kid`, from its files.
+fn file_working_set(layout: &Layout, parent: &str, kid: &str) -> u64 {
+    file_memory(layout, parent, kid).working_set.0
+}
+
+/// Swap area the swap check adds when the node has none.
+const SWAP_AREA_MIB: u64 = 128;
+/// The swap cgroup's memory limit, and what its process touches: the rest goes to swap.
+const SWAP_LIMIT_MIB: u64 = 24;
+
+/// Sets cgroup `kid`'s memory limit (v2 `memory.max`, v1 `memory.limit_in_bytes`).
+fn limit_memory(layout: &Layout, parent: &str, kid: &str, bytes: u64) {
+    let file = match layout {
+        Layout::Unified { mount } => mount.join(parent).join(kid).join("memory.max"),
+        Layout::Hybrid { memory, .. } => {
+            memory.join(parent).join(kid).join("memory.limit_in_bytes")
         }
     };
-    m.working_set.0
+    std::fs::write(&file, bytes.to_string())
+        .unwrap_or_else(|e| panic!("write {}: {e}", file.display()));
+}
+
+/// `SwapTotal - SwapFree` of `/proc/meminfo`, bytes.
+fn meminfo_swap_used() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").expect("meminfo");
+    let kb = |key: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("meminfo has no {key}"))
+    };
+    kb("SwapTotal:").saturating_sub(kb("SwapFree:")) * 1024
+}
+
+/// Swap as kubelet reads it (a container's `memory.swap.current` on v2, `total_swap` on v1;
+/// the node's `SwapTotal - SwapFree`), from both collectors against the kernel's files
+/// read just before and after each collection, within ±2 % of that bracket. The node gets
+/// swap for the check when it has none (see `common::swap`); a process touches 64 MiB in
+/// cgroup `swap` limited to 24 MiB, so that about 40 MiB goes to swap. Ends with the
+/// process killed, before the swap area can be removed.
+fn swap_figures(
+    collectors: &mut [&mut dyn Collector],
+    layout: &Layout,
+    cg: &mut TestCgroups,
+    parent: &str,
+    failures: &mut Vec<String>,
+) -> usize {
+    let area = common::swap::Swap::ensure(SWAP_AREA_MIB).expect("a swap area");
+    limit_memory(layout, parent, "swap", SWAP_LIMIT_MIB << 20);
+    let pid = cg.spawn("touch", "swap");
+    let path = format!("/{parent}/swap");
+    let mut checks = 0;
+    for collector in collectors.iter_mut() {
+        let source = collector.source();
+        let before = file_memory(layout, parent, "swap")
+            .swap
+            .expect("swap accounting");
+        let node_before = meminfo_swap_used();
+        let snap = collector.collect().expect("collect");
+        let after = file_memory(layout, parent, "swap")
+            .swap
+            .expect("swap accounting");
+        let node_after = meminfo_swap_used();
+        let (lo, hi) = (before.0.min(after.0), before.0.max(after.0));
+        if hi < 8 << 20 {
+            failures.push(format!(
+                "swap: only {hi} B of the workload went to swap; the check means nothing"
+            ));
+        }
+        let within = |got: u64, lo: u64, hi: u64| {
+            got as f64 >= lo as f64 * (1.0 - TOLERANCE)
+                && got as f64 <= hi as f64 * (1.0 + TOLERANCE)
+        };
+        match find(&snap, &path).memory.and_then(|m| m.swap) {
+            Some(got) => {
+                println!(
+                    "accuracy: {source:8} swap {path}: collector {} B, kernel files {lo} … {hi} B",
+                    got.0
+                );
+                if !within(got.0, lo, hi) {
+                    failures.push(format!("{source} swap: {} B, files {lo} … {hi} B", got.0));
+                }
+            }
+            None => failures.push(format!("{source} swap: none reported on a node with swap")),
+        }
+        let (nlo, nhi) = (node_before.min(node_after), node_before.max(node_after));
+        match snap.node.swap {
+            Some(got) => {
+                println!(
+                    "accuracy: {source:8} swap node: collector {} B, /proc/meminfo {nlo} … {nhi} B",
+                    got.0
+                );
+                if !within(got.0, nlo, nhi) {
+                    failures.push(format!(
+                        "{source} node swap: {} B, meminfo {nlo} … {nhi} B",
+                        got.0
+                    ));
+                }
+            }
+            None => failures.push(format!("{source} node swap: none on a node with swap")),
+        }
+        checks += 2;
+    }
+    cg.kill(pid);
+    drop(area);
+    checks
 }
 
 /// Largest difference allowed between the eBPF working set of a cgroup whose page cache was
@@ -254,7 +360,11 @@ fn run() -> usize {
         layout.name(),
         kernel()
     );
-    let mut cg = TestCgroups::create(&layout, &parent, &["spin", "duty", "mem", "gone", "fresh"]);
+    let mut cg = TestCgroups::create(
+        &layout,
+        &parent,
+        &["spin", "duty", "mem", "gone", "fresh", "swap"],
+    );
     cg.make_dying("gone");
     let pids = [
         ("spin", cg.spawn("spin", "spin")),
@@ -399,6 +509,27 @@ fn run() -> usize {
     assert_eq!(b.source, Source::Cgroupfs);
 
     checks += names(&mut ebpf, &layout, &mut cg, &parent, &mut failures);
+
+    // No swap on the node: no swap figure for it, and cgroupfs reads no swap file.
+    if common::swap::swap_total_kb() == 0 {
+        checks += 1;
+        let fs_swap = find(&b, &format!("/{parent}/mem"))
+            .memory
+            .and_then(|m| m.swap);
+        if a.node.swap.is_some() || b.node.swap.is_some() || fs_swap.is_some() {
+            failures.push(format!(
+                "swap reported on a node without swap: node {:?} / {:?}, cgroupfs mem {fs_swap:?}",
+                a.node.swap, b.node.swap
+            ));
+        }
+    }
+    checks += swap_figures(
+        &mut [&mut ebpf as &mut dyn Collector, &mut fs],
+        &layout,
+        &mut cg,
+        &parent,
+        &mut failures,
+    );
 
     // --max-cgroups bounds what is reported, and the rest is counted, never silently lost.
     let small = Scope {
@@ -822,6 +953,10 @@ fn leftover_check() -> Result<(), String> {
         return Err(format!(
             "BPF programs {extra:?} (cgroup_stats) still loaded"
         ));
+    }
+    let swaps = common::swap::leftovers();
+    if !swaps.is_empty() {
+        return Err(format!("swap areas {swaps:?}"));
     }
     let fds = std::fs::read_dir("/proc/self/fd").map_err(|e| e.to_string())?;
     for fd in fds.flatten() {

@@ -928,6 +928,7 @@ fn spawn_sim(node: &'static str, replicas: Vec<String>, pki: &Pki) -> tokio::tas
                             started_at: Some(UnixNanos(started)),
                             cpu: cpu(*rate),
                             memory_working_set: kpulse_wire::Bytes(32 << 20),
+                            swap: None,
                         })
                         .collect(),
                 })
@@ -938,6 +939,7 @@ fn spawn_sim(node: &'static str, replicas: Vec<String>, pki: &Pki) -> tokio::tas
                     started_at: Some(UnixNanos(started)),
                     cpu: cpu(400_000_000),
                     memory_working_set: kpulse_wire::Bytes(2 << 30),
+                    swap: None,
                 },
                 pods: set.clone(),
                 counters,
@@ -1103,6 +1105,7 @@ fn pipeline_end_to_end() {
                 started_at: None,
                 cpu: CpuNanos(1),
                 memory_working_set: kpulse_wire::Bytes(1),
+                swap: None,
             },
             pods: Arc::new(PodSet::default()),
             counters: vec![],

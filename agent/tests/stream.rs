@@ -344,7 +344,10 @@ async fn new_stream(rx: &mut mpsc::Receiver<Event>) -> (usize, Option<String>, S
         _ => None,
     })
     .await;
-    assert_eq!(version.as_deref(), Some("1.0"));
+    assert_eq!(
+        version.as_deref(),
+        Some(kpulse_wire::stream::VERSION.to_string().as_str())
+    );
     match next(rx).await {
         Event::Message {
             conn: c,
@@ -772,6 +775,7 @@ async fn many_shippers_in_one_process() {
             started_at: Some(UnixNanos(1)),
             cpu: CpuNanos(n),
             memory_working_set: Mem(1),
+            swap: None,
         },
         pods: pods.clone(),
         counters: vec![],

@@ -76,6 +76,7 @@ fn node_batch(n: usize, tick: u64) -> NodeBatch {
                     started_at: None,
                     cpu: CpuNanos(tick * (100_000_000 + k as u64)),
                     memory_working_set: Bytes(64 << 20),
+                    swap: None,
                 })
                 .collect();
             PodSample {
@@ -94,6 +95,7 @@ fn node_batch(n: usize, tick: u64) -> NodeBatch {
             started_at: None,
             cpu: CpuNanos(tick * 4 * S),
             memory_working_set: Bytes(8 << 30),
+            swap: None,
         },
         pods,
     }

@@ -961,6 +961,7 @@ mod tests {
                 started_at: None,
                 cpu: CpuNanos(t - T0),
                 memory_working_set: Bytes(1 << 30),
+                swap: None,
             },
             pods: vec![PodSample {
                 uid: "u1".into(),
@@ -975,6 +976,7 @@ mod tests {
                         started_at: None,
                         cpu: CpuNanos(t - T0),
                         memory_working_set: Bytes(1 << 20),
+                        swap: None,
                     })
                     .collect(),
             }],

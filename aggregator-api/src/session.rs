@@ -591,6 +591,7 @@ mod tests {
             started_at: None,
             cpu: CpuNanos(t - T0),
             memory_working_set: Bytes(1 << 30),
+            swap: None,
         }
     }
 
@@ -604,6 +605,7 @@ mod tests {
                 started_at: None,
                 cpu: CpuNanos((t - T0) / 2),
                 memory_working_set: Bytes(1 << 20),
+                swap: None,
             }],
         }
     }
@@ -818,7 +820,7 @@ mod tests {
         let mut h = hello("node-a");
         h.version = Version { major: 2, minor: 0 };
         let e = check_hello(&h).expect_err("other major").to_string();
-        assert!(e.contains("2.0") && e.contains("1.0"), "{e}");
+        assert!(e.contains("2.0") && e.contains(&VERSION.to_string()), "{e}");
         for bad in ["", "Node-A", "a..b", "-a", "a/b", &"x".repeat(254)] {
             assert!(
                 matches!(check_hello(&hello(bad)), Err(HelloError::NodeName { .. })),

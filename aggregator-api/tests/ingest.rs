@@ -246,6 +246,7 @@ fn tick(start: u64, now: u64, cache: bool) -> (NodeSample, Vec<PodCounters>) {
         started_at: Some(UnixNanos(start - 1_000_000_000)),
         cpu: CpuNanos(cpu),
         memory_working_set: kpulse_wire::Bytes(mem),
+        swap: None,
     };
     let boot = start - 3_600_000_000_000;
     let node = NodeSample {
@@ -253,6 +254,7 @@ fn tick(start: u64, now: u64, cache: bool) -> (NodeSample, Vec<PodCounters>) {
         started_at: Some(UnixNanos(boot)),
         cpu: CpuNanos((now - boot) / 4),
         memory_working_set: kpulse_wire::Bytes(3 << 30),
+        swap: None,
     };
     let mut pods = vec![PodCounters {
         uid: "u-web".into(),
@@ -434,7 +436,7 @@ async fn agents_stream_their_own_node_and_kubectl_sees_it() {
     assert_eq!(future.status, http::StatusCode::BAD_REQUEST);
     let message = future.refusal().await;
     assert!(
-        message.contains("2.0") && message.contains("1.0"),
+        message.contains("2.0") && message.contains(&kpulse_wire::stream::VERSION.to_string()),
         "{message}"
     );
     // No credentials: 401.

@@ -7,7 +7,7 @@
 #![no_std]
 
 /// Version of [`CgroupRecord`]'s layout. The agent refuses records of another version.
-pub const RECORD_VERSION: u32 = 3;
+pub const RECORD_VERSION: u32 = 4;
 
 /// Name of the `BPF_F_MMAPABLE` array the iterator fills: record `i` of a walk is the
 /// `i`-th cgroup visited, in the walk's region (see [`WalkEnd::region`]). Its size is set
@@ -41,7 +41,10 @@ pub const FLAG_NAME_KEPT: u32 = 1 << 3;
 ///   that `cpu.stat`'s `usage_usec` prints (as of the last rstat flush);
 /// - `memory_usage_pages`: `mem_cgroup->memory.usage` (page counter, pages);
 /// - `inactive_file_pages`, `anon_pages`: hierarchical memcg statistics
-///   (`memory.stat` `inactive_file`, and `anon`/`rss`), pages.
+///   (`memory.stat` `inactive_file`, and `anon`/`rss`), pages;
+/// - `swap_counter_pages`: the memcg's second page counter, pages: `swap.usage` on v2
+///   (what `memory.swap.current` prints), `memsw.usage` (memory + swap) on v1, where the
+///   two share one place in `struct mem_cgroup`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CgroupRecord {
@@ -65,6 +68,8 @@ pub struct CgroupRecord {
     pub inactive_file_pages: i64,
     /// Hierarchical anonymous mapped memory, pages.
     pub anon_pages: i64,
+    /// The memcg's `swap` (v2) / `memsw` (v1) page counter, pages.
+    pub swap_counter_pages: u64,
     /// Identifies the cgroup's current name: the address of its kernfs node's name string.
     /// Kernfs names are immutable strings; renaming (possible on v1 hierarchies only)
     /// allocates a new one, so a cgroup with the same id and key has the same name. Walks
@@ -136,6 +141,8 @@ pub mod globals {
     pub const CGROUP_MEMCG: &str = "OFF_CGROUP_MEMCG";
     /// `offsetof(struct mem_cgroup, memory.usage)`.
     pub const MEMCG_USAGE: &str = "OFF_MEMCG_USAGE";
+    /// `struct mem_cgroup` → `swap.usage` (the same place as `memsw.usage`).
+    pub const MEMCG_SWAP: &str = "OFF_MEMCG_SWAP";
     /// `offsetof(struct mem_cgroup, vmstats)`.
     pub const MEMCG_VMSTATS: &str = "OFF_MEMCG_VMSTATS";
     /// 1 when `mem_cgroup.vmstats` is a pointer (6.x late), 0 when embedded.

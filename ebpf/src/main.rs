@@ -68,6 +68,8 @@ static OFF_CGROUP_MEMCG: u64 = 0;
 #[no_mangle]
 static OFF_MEMCG_USAGE: u64 = 0;
 #[no_mangle]
+static OFF_MEMCG_SWAP: u64 = 0;
+#[no_mangle]
 static OFF_MEMCG_VMSTATS: u64 = 0;
 #[no_mangle]
 static VMSTATS_IS_PTR: u64 = 0;
@@ -207,6 +209,7 @@ pub extern "C" fn cgroup_stats(ctx: *const IterCgroupCtx) -> i32 {
     rec.memory_usage_pages = 0;
     rec.inactive_file_pages = 0;
     rec.anon_pages = 0;
+    rec.swap_counter_pages = 0;
     rec.name_key = 0;
     if fill(cgrp, rec, &previous).is_err() {
         rec.flags |= FLAG_READ_ERROR;
@@ -279,6 +282,7 @@ fn fill(cgrp: u64, rec: &mut CgroupRecord, previous: &Previous) -> Result<(), i3
         if memcg != 0 {
             rec.flags |= FLAG_MEMCG;
             rec.memory_usage_pages = read_u64(memcg, global(&OFF_MEMCG_USAGE))?;
+            rec.swap_counter_pages = read_u64(memcg, global(&OFF_MEMCG_SWAP))?;
             let mut vmstats = memcg + global(&OFF_MEMCG_VMSTATS);
             if global(&VMSTATS_IS_PTR) != 0 {
                 vmstats = read_u64(vmstats, 0)?;

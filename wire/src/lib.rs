@@ -128,6 +128,11 @@ pub struct NodeSample {
     pub cpu: CpuNanos,
     /// Working set of the whole node: `MemTotal - MemFree - inactive_file(root)`, floored at 0.
     pub memory_working_set: Bytes,
+    /// Swap in use on the node (`SwapTotal - SwapFree`), sent only when the node has swap:
+    /// absent means "no swap on this node", and then no container of the batch carries
+    /// swap either. Added in protocol 1.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap: Option<Bytes>,
 }
 
 /// One pod's containers at one tick.
@@ -167,6 +172,10 @@ pub struct ContainerSample {
     pub cpu: CpuNanos,
     /// Working set: memory usage minus `inactive_file`, floored at 0.
     pub memory_working_set: Bytes,
+    /// Swap used by this instance (kubelet's `container_swap_usage_bytes`): present on
+    /// nodes with swap, absent elsewhere. Added in protocol 1.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap: Option<Bytes>,
 }
 
 #[cfg(test)]
@@ -182,6 +191,7 @@ mod tests {
                 started_at: Some(UnixNanos(1_699_000_000_000_000_000)),
                 cpu: CpuNanos(123_456_789),
                 memory_working_set: Bytes(4 << 30),
+                swap: None,
             },
             pods: vec![PodSample {
                 uid: "0b5e-uid".into(),
@@ -194,6 +204,7 @@ mod tests {
                     started_at: None,
                     cpu: CpuNanos(1_000),
                     memory_working_set: Bytes(1 << 20),
+                    swap: None,
                 }],
             }],
         }
@@ -222,6 +233,23 @@ mod tests {
         assert_eq!(c.cgroup_id, None);
         assert_eq!(c.started_at, None);
         assert_eq!(c.timestamp, UnixNanos(5));
+        assert_eq!(c.swap, None, "a 1.0 agent sends no swap");
+    }
+
+    /// Swap (protocol 1.1) is written only when there is some to say, so a node without swap
+    /// sends exactly what a 1.0 agent sent.
+    #[test]
+    fn swap_is_written_only_when_present() {
+        let mut b = batch();
+        let json = serde_json::to_string(&b).expect("serialize");
+        assert!(!json.contains("swap"), "{json}");
+        b.node.swap = Some(Bytes(3 << 30));
+        b.pods[0].containers[0].swap = Some(Bytes(0));
+        let json = serde_json::to_value(&b).expect("serialize");
+        assert_eq!(json["node"]["swap"], 3u64 << 30);
+        assert_eq!(json["pods"][0]["containers"][0]["swap"], 0);
+        let back: NodeBatch = serde_json::from_value(json).expect("deserialize");
+        assert_eq!(back, b);
     }
 
     #[test]

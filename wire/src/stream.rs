@@ -49,7 +49,7 @@ pub const STREAM_PATH: &str = "/kpulse.wire/v1/stream";
 pub const VERSION_HEADER: &str = "kpulse-wire-version";
 
 /// The protocol version this crate speaks.
-pub const VERSION: Version = Version { major: 1, minor: 0 };
+pub const VERSION: Version = Version { major: 1, minor: 1 };
 
 /// The largest frame either end accepts: a node with 1,000 pods of 4 containers, with
 /// labels, is about 1 MiB of JSON.
@@ -364,6 +364,7 @@ mod tests {
             started_at: Some(UnixNanos(1)),
             cpu: CpuNanos(5),
             memory_working_set: Bytes(7),
+            swap: None,
         }
     }
 
@@ -393,6 +394,7 @@ mod tests {
                         started_at: None,
                         cpu: CpuNanos(3),
                         memory_working_set: Bytes(4),
+                        swap: None,
                     }],
                 }],
                 previous: None,
@@ -504,7 +506,9 @@ mod tests {
         let e = Version::check(Version { major: 2, minor: 0 }).expect_err("other major");
         assert_eq!(
             e.to_string(),
-            "wire protocol 2.0 is not supported (this end speaks 1.0); run matching agent and server versions"
+            format!(
+                "wire protocol 2.0 is not supported (this end speaks {VERSION}); run matching agent and server versions"
+            )
         );
     }
 

@@ -28,6 +28,7 @@ fn write_seeds() {
         started_at: Some(UnixNanos(1_699_000_000_000_000_000)),
         cpu: CpuNanos(441_268_738_000),
         memory_working_set: Bytes(1_529_110_528),
+        swap: None,
     };
     let container = |name: &str, id: u64| ContainerSample {
         name: name.into(),
@@ -38,6 +39,7 @@ fn write_seeds() {
             .then_some(UnixNanos(1_699_999_000_000_000_000)),
         cpu: CpuNanos(1_268_270_216),
         memory_working_set: Bytes(74_625_024),
+        swap: None,
     };
     let pod = |uid: &str, name: &str| PodMeta {
         uid: uid.into(),

@@ -62,6 +62,8 @@ pub struct Options {
 /// One boot per kernel runs them all, one after another in this order (the host stage's
 /// order, where they also share one machine): a boot costs about half a minute under TCG.
 const VM_TESTS: [&str; 3] = ["accuracy", "agent_restart", "faults"];
+/// Where the VM stage puts the kernel's `brd` module, for the tests' swap area.
+const SWAP_MODULE_GUEST: &str = "/kpulse/brd.ko";
 
 /// Where the guest finds the test executables.
 const VM_TEST_DIR: &str = "/kpulse/tests";
@@ -219,6 +221,15 @@ pub fn run(opts: &Options) -> Result<()> {
         let mut failed = Vec::new();
         for k in kernels {
             let booted = Instant::now();
+            // The RAM-disk driver the accuracy test puts its swap area on (see its `swap`).
+            let brd = vm::kernel_module(&root, k, "drivers/block/brd")?;
+            let mut files = files.clone();
+            files.push((brd, SWAP_MODULE_GUEST.to_string()));
+            let mut env = env.clone();
+            env.push((
+                "KPULSE_SWAP_MODULE".to_string(),
+                SWAP_MODULE_GUEST.to_string(),
+            ));
             let outcome = vm::run_in_vm_retrying(
                 &root,
                 &vm::VmRun {

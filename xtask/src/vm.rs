@@ -500,6 +500,50 @@ fn find_vmlinuz(dir: &Path) -> Result<PathBuf> {
     })
 }
 
+/// The module `name` (e.g. `drivers/block/brd`) of kernel `k`'s package, uncompressed, for
+/// a test to `insmod` in the guest (the initramfs has no module tree). Debian ships `.ko`
+/// (6.1) or `.ko.xz` (6.12); an `.xz` is unpacked once to `target/vm/<k>/<file>.ko`.
+pub fn kernel_module(root: &Path, k: Kernel, name: &str) -> Result<PathBuf> {
+    kernel_image(root, k)?;
+    let dir = root.join("target").join("vm").join(k.to_string());
+    let modules = dir.join("lib").join("modules");
+    let release = find_file(&modules, |_| true)?
+        .with_context(|| format!("no kernel release under {}", modules.display()))?;
+    let base = release.join("kernel").join(name);
+    let plain = base.with_extension("ko");
+    if plain.is_file() {
+        return Ok(plain);
+    }
+    let xz = base.with_extension("ko.xz");
+    ensure!(
+        xz.is_file(),
+        "kernel {k} has no module {name} ({} or .xz)",
+        plain.display()
+    );
+    let file = Path::new(name)
+        .file_name()
+        .with_context(|| format!("module name {name}"))?;
+    let out = dir.join(file).with_extension("ko");
+    if !out.is_file() {
+        let unpacked = Command::new("xz")
+            .arg("-dc")
+            .arg(&xz)
+            .output()
+            .with_context(|| format!("cannot run xz -dc {}", xz.display()))?;
+        ensure!(
+            unpacked.status.success(),
+            "xz -dc {} failed: {}",
+            xz.display(),
+            String::from_utf8_lossy(&unpacked.stderr)
+        );
+        let tmp = out.with_extension(format!("ko.{}", std::process::id()));
+        fs::write(&tmp, &unpacked.stdout)
+            .and_then(|()| fs::rename(&tmp, &out))
+            .with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    Ok(out)
+}
+
 fn find_file(dir: &Path, matches: impl Fn(&str) -> bool) -> Result<Option<PathBuf>> {
     let entries = fs::read_dir(dir).with_context(|| format!("failed to read {}", dir.display()))?;
     for entry in entries {

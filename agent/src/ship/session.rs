@@ -760,7 +760,10 @@ mod tests {
         );
         assert_eq!(
             e.to_string(),
-            "aggregator refused the wire protocol: the agent speaks 1.0, the server 2.1: wire protocol 1.0 is not supported"
+            format!(
+                "aggregator refused the wire protocol: the agent speaks {}, the server 2.1: wire protocol 1.0 is not supported",
+                kpulse_wire::stream::VERSION
+            )
         );
         let e = refusal(StatusCode::UPGRADE_REQUIRED, None, "x".into());
         assert_eq!(e.reason(), "version");
@@ -772,7 +775,11 @@ mod tests {
         );
         assert_eq!(e.reason(), "refused");
         let e = check_version(Version { major: 3, minor: 0 }, "Welcome").expect_err("major");
-        assert!(e.to_string().contains("speaks 1.0, the server 3.0"), "{e}");
+        assert!(
+            e.to_string()
+                .contains(&format!("speaks {VERSION}, the server 3.0")),
+            "{e}"
+        );
         check_version(Version { major: 1, minor: 9 }, "Welcome").expect("minor is fine");
     }
 
@@ -850,6 +857,7 @@ mod drop_tests {
                     started_at: None,
                     cpu: CpuNanos(seq),
                     memory_working_set: Mem(0),
+                    swap: None,
                 },
                 pods: pods.clone(),
                 counters: vec![],

@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod bpf;
+pub mod swap;
 pub mod workload;
 
 use std::{
@@ -157,6 +158,18 @@ impl TestCgroups {
             assert_eq!(line.trim(), "ready", "workload {kind} did not start");
         }
         pid
+    }
+
+    /// Kills workload `pid` and waits for it.
+    pub fn kill(&mut self, pid: u32) {
+        self.children.retain_mut(|c| {
+            if c.id() != pid {
+                return true;
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+            false
+        });
     }
 
     /// Reaps the workloads that have exited; returns their pids.

@@ -461,6 +461,7 @@ mod tests {
                 started_at: None,
                 cpu: CpuNanos(cpu / 4),
                 memory_working_set: WireBytes(mem),
+                swap: None,
             }],
         };
         NodeBatch {
@@ -471,6 +472,7 @@ mod tests {
                 started_at: None,
                 cpu: CpuNanos(cpu),
                 memory_working_set: WireBytes(1 << 30),
+                swap: None,
             },
             pods: vec![pod("web", "app", 200 << 20), pod("db", "pg", 1 << 30)],
         }

@@ -56,15 +56,18 @@ pub fn node_metrics(
         .zip(nodes)
         .filter_map(|(point, meta)| {
             let p = point?;
-            Some(NodeMetrics::new(
-                meta.name.clone(),
-                meta.labels.as_ref().clone(),
-                now,
-                p.timestamp.to_system_time(),
-                p.window,
-                p.cpu.0,
-                p.memory.0,
-            ))
+            Some(
+                NodeMetrics::new(
+                    meta.name.clone(),
+                    meta.labels.as_ref().clone(),
+                    now,
+                    p.timestamp.to_system_time(),
+                    p.window,
+                    p.cpu.0,
+                    p.memory.0,
+                )
+                .with_swap(p.swap.map(|b| b.0)),
+            )
         })
         .collect()
 }
@@ -89,7 +92,10 @@ pub fn pod_metrics(
             let containers = p
                 .containers
                 .iter()
-                .map(|c| ContainerMetrics::new(c.name.to_string(), c.cpu.0, c.memory.0))
+                .map(|c| {
+                    ContainerMetrics::new(c.name.to_string(), c.cpu.0, c.memory.0)
+                        .with_swap(c.swap.map(|b| b.0))
+                })
                 .collect();
             Some(PodMetrics::new(
                 meta.namespace.clone(),
@@ -159,6 +165,16 @@ mod tests {
     const T0: u64 = 1_700_000_000_000_000_000;
 
     fn batch(t: u64, node_cpu: u64, pod_cpu: u64) -> NodeBatch {
+        batch_with_swap(t, node_cpu, pod_cpu, None, None)
+    }
+
+    fn batch_with_swap(
+        t: u64,
+        node_cpu: u64,
+        pod_cpu: u64,
+        node_swap: Option<u64>,
+        container_swap: Option<u64>,
+    ) -> NodeBatch {
         NodeBatch {
             node_name: "n1".into(),
             sent_at: UnixNanos(t),
@@ -167,6 +183,7 @@ mod tests {
                 started_at: None,
                 cpu: CpuNanos(node_cpu),
                 memory_working_set: Bytes(1 << 30),
+                swap: node_swap.map(Bytes),
             },
             pods: vec![PodSample {
                 uid: "u1".into(),
@@ -179,6 +196,7 @@ mod tests {
                     started_at: None,
                     cpu: CpuNanos(pod_cpu),
                     memory_working_set: Bytes(200 << 20),
+                    swap: container_swap.map(Bytes),
                 }],
             }],
         }
@@ -229,5 +247,61 @@ mod tests {
         assert!(json.contains(r#""window":"1s""#), "{json}");
         // One age per object served (the store's clock is still at T0, behind the points).
         assert_eq!(rx.try_iter().collect::<Vec<_>>(), [Duration::ZERO; 2]);
+    }
+
+    /// Swap is served as kubelet's `usage.swap` where the agent sent it (a node with swap),
+    /// and there is no `swap` key at all where it did not.
+    #[test]
+    fn swap_is_served_only_where_the_agent_sent_it() {
+        let meta_nodes = vec![NodeMeta {
+            name: "n1".into(),
+            labels: Default::default(),
+        }];
+        let meta_pods = vec![PodMeta {
+            namespace: "ns".into(),
+            name: "web".into(),
+            labels: BTreeMap::new(),
+        }];
+        let now = UnixNanos(T0 + 2_000_000_000).to_system_time();
+        for (swap, node_json, pod_json) in [
+            (
+                Some((3u64 << 30, 64u64 << 20)),
+                r#""usage":{"cpu":"2","memory":"1Gi","swap":"3Gi"}"#,
+                r#""usage":{"cpu":"500m","memory":"200Mi","swap":"64Mi"}"#,
+            ),
+            (
+                Some((0, 0)),
+                r#""usage":{"cpu":"2","memory":"1Gi","swap":"0"}"#,
+                r#""usage":{"cpu":"500m","memory":"200Mi","swap":"0"}"#,
+            ),
+            (
+                None,
+                r#""usage":{"cpu":"2","memory":"1Gi"}"#,
+                r#""usage":{"cpu":"500m","memory":"200Mi"}"#,
+            ),
+        ] {
+            let clock = ManualClock::new(UnixNanos(T0));
+            let store =
+                Store::with_clock(StoreConfig::new(Duration::from_secs(10)), clock).expect("store");
+            let (ns, cs) = (swap.map(|s| s.0), swap.map(|s| s.1));
+            store
+                .ingest(batch_with_swap(T0, 0, 0, ns, cs))
+                .expect("ingest");
+            store
+                .ingest(batch_with_swap(
+                    T0 + 1_000_000_000,
+                    2_000_000_000,
+                    500_000_000,
+                    ns,
+                    cs,
+                ))
+                .expect("ingest");
+            let n = node_metrics(&store, &meta_nodes, now);
+            let json = String::from_utf8(encode_json(&n[0]).expect("json")).expect("utf8");
+            assert!(json.contains(node_json), "{json}");
+            let p = pod_metrics(&store, &meta_pods, now);
+            let json = String::from_utf8(encode_json(&p[0]).expect("json")).expect("utf8");
+            assert!(json.contains(pod_json), "{json}");
+        }
     }
 }

@@ -8,7 +8,8 @@
 //! and `ConvertToTable` in `pkg/api/node.go` / `pkg/api/pod.go`:
 //!
 //! * Columns: `Name` (`type: string`, `format: name`, `description: "Name of the resource"`),
-//!   then one column per usage resource in sorted order (`cpu`, `memory`; `type: string`,
+//!   then one column per usage resource in sorted order (`cpu`, `memory`, and `swap` when
+//!   the first row has it; `type: string`,
 //!   `format: quantity`), then `Window` (`type: string`, `format: duration`). Empty
 //!   descriptions and zero priorities are written out (`"description":"","priority":0`).
 //! * Cells are strings: the object name, the canonical quantities, and the window as Go's
@@ -299,15 +300,26 @@ fn row_object(
 fn node_rows(metadata: ListMeta, nodes: &[NodeMetrics], options: &TableOptions) -> Table {
     let mut table = Table::empty(options.version, metadata);
     let mut rows = Vec::with_capacity(nodes.len());
+    let mut names: Option<Vec<&'static str>> = None;
     for node in nodes {
-        let usage = node.usage.entries();
-        if table.column_definitions.is_none() {
-            let names: Vec<&str> = usage.iter().map(|(name, _)| *name).collect();
-            table.column_definitions = Some(columns(&names));
-        }
-        let mut cells = Vec::with_capacity(usage.len() + 2);
+        let names = names.get_or_insert_with(|| {
+            let found: Vec<&'static str> = node.usage.entries().map(|(name, _)| name).collect();
+            table.column_definitions = Some(columns(&found));
+            found
+        });
+        let mut cells = Vec::with_capacity(names.len() + 2);
         cells.push(node.metadata.name.clone().unwrap_or_default());
-        cells.extend(usage.iter().map(|(_, value)| value.canonical()));
+        // By the first node's columns; a resource this node lacks (`swap` on a node
+        // without swap, after one with it) is Go's zero quantity.
+        cells.extend(names.iter().map(|name| {
+            node.usage
+                .entries()
+                .find(|(have, _)| have == name)
+                .map_or_else(
+                    || Quantity::zero().canonical(),
+                    |(_, value)| value.canonical(),
+                )
+        }));
         cells.push(go::format_duration(go::nanos(node.window)));
         rows.push(TableRow {
             cells,

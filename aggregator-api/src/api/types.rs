@@ -114,14 +114,17 @@ impl TypeMeta {
     }
 }
 
-/// A `ResourceList` as metrics-server fills it: CPU and memory, written as
-/// `{"cpu":…,"memory":…}` (Go sorts map keys).
+/// A `ResourceList` as metrics-server fills it, CPU and memory, plus `swap` on nodes with
+/// swap (kubelet's `/metrics/resource` figures, which `kubectl top --show-swap` reads):
+/// written as `{"cpu":…,"memory":…[,"swap":…]}` (Go sorts map keys).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     /// CPU usage (`DecimalSI`, nanocore scale).
     pub cpu: Quantity,
     /// Memory working set (`BinarySI`).
     pub memory: Quantity,
+    /// Swap in use (`BinarySI`); `None` (no key) where the node has no swap.
+    pub swap: Option<Quantity>,
 }
 
 impl Usage {
@@ -130,18 +133,29 @@ impl Usage {
         Self {
             cpu: Quantity::from_cpu_nanocores(cpu_nanocores),
             memory: Quantity::from_memory_bytes(memory_bytes),
+            swap: None,
+        }
+    }
+
+    /// The same usage with swap, in bytes (`None`: no `swap` key).
+    pub fn with_swap(self, swap_bytes: Option<u64>) -> Self {
+        Self {
+            swap: swap_bytes.map(Quantity::from_memory_bytes),
+            ..self
         }
     }
 
     /// `(resource name, quantity)` pairs in Go's map order (sorted by name).
-    pub fn entries(&self) -> [(&'static str, Quantity); 2] {
+    pub fn entries(&self) -> impl Iterator<Item = (&'static str, Quantity)> {
         [("cpu", self.cpu), ("memory", self.memory)]
+            .into_iter()
+            .chain(self.swap.map(|q| ("swap", q)))
     }
 }
 
 impl Serialize for Usage {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(2))?;
+        let mut map = serializer.serialize_map(Some(2 + usize::from(self.swap.is_some())))?;
         for (name, value) in self.entries() {
             map.serialize_entry(name, &value)?;
         }
@@ -184,6 +198,12 @@ impl NodeMetrics {
             window,
             usage: Usage::new(cpu_nanocores, memory_bytes),
         }
+    }
+
+    /// The same object with the node's swap, in bytes (`None`: no `swap` key).
+    pub fn with_swap(mut self, swap_bytes: Option<u64>) -> Self {
+        self.usage = self.usage.with_swap(swap_bytes);
+        self
     }
 
     /// Sets `kind: NodeMetrics` and the `apiVersion`, as for a single-object `GET`.
@@ -256,6 +276,12 @@ impl ContainerMetrics {
             name: name.into(),
             usage: Usage::new(cpu_nanocores, memory_bytes),
         }
+    }
+
+    /// The same container with its swap, in bytes (`None`: no `swap` key).
+    pub fn with_swap(mut self, swap_bytes: Option<u64>) -> Self {
+        self.usage = self.usage.with_swap(swap_bytes);
+        self
     }
 }
 
@@ -841,7 +867,13 @@ mod tests {
     #[test]
     fn usage_entries_are_sorted() {
         let usage = Usage::new(1, 2);
-        let names: Vec<_> = usage.entries().iter().map(|(name, _)| *name).collect();
+        let names: Vec<_> = usage.entries().map(|(name, _)| name).collect();
         assert_eq!(names, ["cpu", "memory"]);
+        let names: Vec<_> = usage
+            .with_swap(Some(0))
+            .entries()
+            .map(|(name, _)| name)
+            .collect();
+        assert_eq!(names, ["cpu", "memory", "swap"]);
     }
 }

@@ -753,6 +753,7 @@ mod tests {
                 started_at: None,
                 cpu: CpuNanos(t - T0),
                 memory_working_set: WireBytes(1 << 30),
+                swap: None,
             },
             pods: pods
                 .iter()
@@ -767,6 +768,7 @@ mod tests {
                         started_at: None,
                         cpu: CpuNanos(*cpu),
                         memory_working_set: WireBytes(100 << 20),
+                        swap: None,
                     }],
                 })
                 .collect(),

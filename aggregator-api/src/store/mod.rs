@@ -232,6 +232,8 @@ pub struct NodeMetricsPoint {
     pub cpu: NanoCores,
     /// Working set at `timestamp`.
     pub memory: Bytes,
+    /// Swap in use at `timestamp`; `None` when the node has no swap.
+    pub swap: Option<Bytes>,
 }
 
 /// A pod's usage, ready to become a `PodMetrics` object.
@@ -261,6 +263,8 @@ pub struct ContainerMetricsPoint {
     pub cpu: NanoCores,
     /// Working set at the container's last point.
     pub memory: Bytes,
+    /// Swap at the container's last point; `None` when its node has no swap.
+    pub swap: Option<Bytes>,
 }
 
 /// What one [`Store::ingest`] did, for the ingest layer's metrics and logs.
@@ -718,6 +722,7 @@ impl<C: Clock> Store<C> {
             window: rate.window,
             cpu: rate.cpu,
             memory: rate.memory,
+            swap: rate.swap,
         })
     }
 
@@ -739,6 +744,7 @@ impl<C: Clock> Store<C> {
                 name: Arc::clone(&c.name),
                 cpu: rate.cpu,
                 memory: rate.memory,
+                swap: rate.swap,
             });
             if earliest.is_none_or(|(t, _)| rate.timestamp < t) {
                 earliest = Some((rate.timestamp, rate.window));
@@ -791,6 +797,7 @@ mod tests {
             started_at: None,
             cpu: CpuNanos(cpu),
             memory_working_set: Bytes(mem),
+            swap: None,
         }
     }
 
@@ -833,6 +840,7 @@ mod tests {
                 started_at: None,
                 cpu: CpuNanos(t.saturating_sub(T0)),
                 memory_working_set: Bytes(1 << 30),
+                swap: None,
             },
             pods,
         }
@@ -898,6 +906,7 @@ mod tests {
             name: Arc::from("c"),
             cpu: NanoCores(250_000_000), // 0.5 s of CPU over 2 s
             memory: Bytes(200),
+            swap: None,
         };
         assert_eq!(p.containers, vec![expected]);
 
@@ -1742,6 +1751,7 @@ mod tests {
             timestamp: UnixNanos(t),
             cpu: CpuNanos(cpu),
             memory: Bytes(0),
+            swap: None,
             started_at: None,
             cgroup_id: None,
         };

@@ -18,6 +18,7 @@ pub(super) struct Point {
     pub(super) timestamp: UnixNanos,
     pub(super) cpu: CpuNanos,
     pub(super) memory: Bytes,
+    pub(super) swap: Option<Bytes>,
     pub(super) started_at: Option<UnixNanos>,
     pub(super) cgroup_id: Option<CgroupId>,
 }
@@ -28,6 +29,7 @@ impl Point {
             timestamp: c.timestamp,
             cpu: c.cpu,
             memory: c.memory_working_set,
+            swap: c.swap,
             started_at: c.started_at,
             cgroup_id: c.cgroup_id,
         }
@@ -38,6 +40,7 @@ impl Point {
             timestamp: n.timestamp,
             cpu: n.cpu,
             memory: n.memory_working_set,
+            swap: n.swap,
             started_at: n.started_at,
             cgroup_id: None,
         }
@@ -159,6 +162,7 @@ pub(super) struct Rate {
     pub(super) window: Duration,
     pub(super) cpu: NanoCores,
     pub(super) memory: Bytes,
+    pub(super) swap: Option<Bytes>,
 }
 
 /// Limits in nanoseconds, as the hot paths use them.
@@ -261,6 +265,7 @@ impl Limits {
             window,
             cpu,
             memory: s.last.memory,
+            swap: s.last.swap,
         })
     }
 }

@@ -149,7 +149,6 @@ impl Message for ContainerMetrics {
 fn usage(usage: &Usage) -> BTreeMap<String, Quantity> {
     usage
         .entries()
-        .into_iter()
         .map(|(name, q)| (name.to_owned(), Quantity::new(q.canonical())))
         .collect()
 }

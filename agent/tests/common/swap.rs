@@ -1,0 +1,129 @@
+//! A swap area for tests that need the node to have swap: the node's own when it has one,
+//! otherwise one the test adds and removes on drop. On a host, a file under `/var/tmp`; in
+//! the VM stage, whose root is an initramfs that cannot hold a swap file, a RAM disk of the
+//! kernel's `brd` module, which the stage ships at `$KPULSE_SWAP_MODULE`.
+
+use std::{path::PathBuf, process::Command};
+
+/// Name prefix of the swap files tests add (the leftover checks look for it).
+pub const FILE_PREFIX: &str = "kpulse-swap-";
+
+/// The swap area; removes what it added on drop.
+pub struct Swap {
+    added: Option<Added>,
+}
+
+enum Added {
+    File(PathBuf),
+    RamDisk,
+}
+
+const RAM_DISK: &str = "/dev/ram0";
+
+fn run(program: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{program} {} failed: {}: {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// `SwapTotal` of `/proc/meminfo`, kB.
+pub fn swap_total_kb() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("SwapTotal:")?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+        })
+        .unwrap_or(0)
+}
+
+impl Swap {
+    /// Makes sure the node has swap: `mib` MiB of it when this adds the area.
+    pub fn ensure(mib: u64) -> Result<Swap, String> {
+        if swap_total_kb() > 0 {
+            return Ok(Swap { added: None });
+        }
+        if let Some(module) = std::env::var_os("KPULSE_SWAP_MODULE") {
+            let module = module.to_string_lossy().into_owned();
+            let size = format!("rd_size={}", mib * 1024);
+            run("insmod", &[&module, "rd_nr=1", &size])?;
+            let swap = Swap {
+                added: Some(Added::RamDisk),
+            };
+            run("mkswap", &[RAM_DISK])?;
+            run("swapon", &[RAM_DISK])?;
+            return Ok(swap);
+        }
+        let file = PathBuf::from("/var/tmp").join(format!("{FILE_PREFIX}{}", std::process::id()));
+        let path = file.to_string_lossy().into_owned();
+        let swap = Swap {
+            added: Some(Added::File(file)),
+        };
+        // Written, not fallocated: every file system takes a file without holes.
+        run(
+            "dd",
+            &[
+                "if=/dev/zero",
+                &format!("of={path}"),
+                "bs=1M",
+                &format!("count={mib}"),
+                "status=none",
+            ],
+        )?;
+        run("chmod", &["600", &path])?;
+        run("mkswap", &[&path])?;
+        run("swapon", &[&path])?;
+        Ok(swap)
+    }
+}
+
+impl Drop for Swap {
+    fn drop(&mut self) {
+        match self.added.take() {
+            None => {}
+            Some(Added::File(file)) => {
+                let path = file.to_string_lossy().into_owned();
+                if let Err(e) = run("swapoff", &[&path]) {
+                    eprintln!("swap: {e}");
+                }
+                if let Err(e) = std::fs::remove_file(&file) {
+                    eprintln!("swap: cannot remove {path}: {e}");
+                }
+            }
+            Some(Added::RamDisk) => {
+                if let Err(e) = run("swapoff", &[RAM_DISK]) {
+                    eprintln!("swap: {e}");
+                }
+                if let Err(e) = run("rmmod", &["brd"]) {
+                    eprintln!("swap: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Swap areas a test added and left behind (lines of `/proc/swaps`).
+pub fn leftovers() -> Vec<String> {
+    std::fs::read_to_string("/proc/swaps")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(FILE_PREFIX))
+        .map(str::to_owned)
+        .collect()
+}

@@ -181,7 +181,7 @@ pub struct CollectArgs {
     /// Load the eBPF object from this file instead of the embedded one.
     #[arg(long, env = "KPULSE_EBPF_OBJECT")]
     pub ebpf_object: Option<PathBuf>,
-    /// Upper bound on cgroups reported per tick (sizes the eBPF record map: 200 bytes each).
+    /// Upper bound on cgroups reported per tick (sizes the eBPF record map: 216 bytes each).
     #[arg(long, env = "KPULSE_MAX_CGROUPS", default_value_t = 16_384)]
     pub max_cgroups: usize,
 }

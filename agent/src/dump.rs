@@ -34,6 +34,9 @@ pub struct CgroupLine<'a> {
     pub memory_working_set_bytes: Option<u64>,
     /// Anonymous memory, bytes.
     pub memory_rss_bytes: Option<u64>,
+    /// Swap, bytes: on nodes with swap only (as the agent sends it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_swap_bytes: Option<u64>,
     /// Kubernetes attribution from the path, when it is a kubepods cgroup.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<serde_json::Value>,
@@ -52,6 +55,9 @@ pub struct NodeLine {
     pub cpu_ns: u64,
     /// Node working set, bytes.
     pub memory_working_set_bytes: u64,
+    /// Swap in use, bytes: on nodes with swap only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_swap_bytes: Option<u64>,
 }
 
 /// Builds a cgroup's line.
@@ -66,6 +72,11 @@ pub fn cgroup_line<'a>(snap: &Snapshot, c: &'a CgroupSample) -> CgroupLine<'a> {
         memory_usage_bytes: c.memory.map(|m| m.usage.0),
         memory_working_set_bytes: c.memory.map(|m| m.working_set.0),
         memory_rss_bytes: c.memory.map(|m| m.rss.0),
+        memory_swap_bytes: snap
+            .node
+            .swap
+            .and(c.memory.and_then(|m| m.swap))
+            .map(|b| b.0),
         kubernetes: attribution_json(&c.path),
     }
 }
@@ -82,6 +93,7 @@ pub fn write_snapshot(out: &mut impl Write, snap: &Snapshot) -> std::io::Result<
         timestamp_ns: snap.timestamp.0,
         cpu_ns: snap.node.cpu.0,
         memory_working_set_bytes: snap.node.memory_working_set.0,
+        memory_swap_bytes: snap.node.swap.map(|b| b.0),
     };
     serde_json::to_writer(&mut *out, &node)?;
     out.write_all(b"\n")?;
@@ -180,7 +192,9 @@ mod tests {
                 path: path.as_str().into(),
                 id: CgroupId(7),
                 cpu: Some(CpuNanos(1000)),
-                memory: Some(Memory::from_raw(Bytes(300), Bytes(100), Bytes(50))),
+                memory: Some(
+                    Memory::from_raw(Bytes(300), Bytes(100), Bytes(50)).with_swap(Some(Bytes(8))),
+                ),
             }],
             node: NodeSample {
                 cpu: CpuNanos(5),
@@ -211,6 +225,20 @@ mod tests {
         assert_eq!(c["kubernetes"]["qos_class"], "Burstable");
         assert_eq!(lines[1]["kind"], "node");
         assert_eq!(lines[1]["cpu_ns"], 5);
+        // No swap on the node: no swap figures, whatever the collector read.
+        assert!(c.get("memory_swap_bytes").is_none(), "{c}");
+        assert!(lines[1].get("memory_swap_bytes").is_none());
+        let mut with_swap = snap;
+        with_swap.node.swap = Some(Bytes(4096));
+        let mut out = Vec::new();
+        write_snapshot(&mut out, &with_swap).expect("write");
+        let text = String::from_utf8(out).expect("utf8");
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect();
+        assert_eq!(lines[0]["memory_swap_bytes"], 8);
+        assert_eq!(lines[1]["memory_swap_bytes"], 4096);
     }
 
     #[test]

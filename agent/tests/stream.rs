@@ -664,15 +664,20 @@ async fn agent_streams_to_the_aggregator() {
         &s.pki,
         Mode::Refuse {
             status: StatusCode::BAD_REQUEST,
-            message: "wire protocol 1.0 is not supported (this end speaks 2.0); run matching agent and server versions".into(),
+            message: format!(
+                "wire protocol {} is not supported (this end speaks 2.0); run matching agent and server versions",
+                kpulse_wire::stream::VERSION
+            ),
             version: Some("2.0"),
         },
         tx.clone(),
     )
     .await;
-    let line = agent
-        .wait_line(&["ERROR", "the agent speaks 1.0, the server 2.0"])
-        .await;
+    let want = format!(
+        "the agent speaks {}, the server 2.0",
+        kpulse_wire::stream::VERSION
+    );
+    let line = agent.wait_line(&["ERROR", &want]).await;
     println!("version refusal: {line}");
 
     // SIGTERM: a clean, prompt exit. The token never reached the logs.

@@ -27,6 +27,9 @@
 //! and both ends refuse a major they do not speak with an error naming both versions
 //! ([`Version::check`]).
 //!
+//! History: 1.0, the first; 1.1 adds `swap` to [`crate::NodeSample`] and
+//! [`crate::ContainerSample`] (sent on nodes with swap only).
+//!
 //! # Framing
 //!
 //! Each frame is a 4-byte big-endian length, then that many bytes of JSON (serde_json): one

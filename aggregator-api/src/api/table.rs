@@ -601,6 +601,51 @@ mod tests {
         assert_eq!(json(&pod_metrics_list_table(&list, &options)), want);
     }
 
+    /// Swap becomes a column when the first row has it, as any usage key does in Go; a later
+    /// row without it (a node without swap) shows Go's zero quantity, and the cells stay
+    /// aligned with the columns.
+    #[test]
+    fn swap_is_a_column_when_the_first_row_has_it() {
+        let options = TableOptions {
+            include_object: IncludeObject::None,
+            ..TableOptions::default()
+        };
+        let mut list = nodes();
+        list.items[0] = list.items[0].clone().with_swap(Some(2 * MI));
+        let text = json(&node_metrics_list_table(&list, &options));
+        assert!(
+            text.contains(r#"{"name":"swap","type":"string","format":"quantity","description":"","priority":0}"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"["node1","10m","5Mi","2Mi","1µs"]"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"["node2","1","1k","0","20.051s"]"#),
+            "{text}"
+        );
+        // Without swap in the first row, no swap column, and no extra cell in any row.
+        list.items.reverse();
+        let text = json(&node_metrics_list_table(&list, &options));
+        assert!(text.contains(COLUMNS), "{text}");
+        assert!(text.contains(r#"["node1","10m","5Mi","1µs"]"#), "{text}");
+        // Pods: a container's swap is summed like its memory.
+        let mut pods = pods();
+        pods.items[1].containers = pods.items[1]
+            .containers
+            .drain(..)
+            .map(|c| c.with_swap(Some(MI)))
+            .collect();
+        pods.items.reverse();
+        let text = json(&pod_metrics_list_table(&pods, &options));
+        assert!(
+            text.contains(r#"["pod2","20m","15Mi","2Mi","1m0.5s"]"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"["pod1","10m","5Mi","0","15s"]"#), "{text}");
+    }
+
     #[test]
     fn empty_lists_give_null_columns_and_rows() {
         let options = TableOptions::default();

@@ -101,7 +101,7 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>, with_faults: bool)
         failed: Vec::new(),
     };
     type Check = fn(&Ctx<'_>) -> Result<String>;
-    let first: [(&str, Check); 4] = [
+    let first: [(&str, Check); 5] = [
         ("APIServices v1beta1 and v1 Available=True", apiservices),
         ("legacy discovery through kube-apiserver", legacy_discovery),
         (
@@ -111,6 +111,11 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>, with_faults: bool)
         (
             "node labels and existence from the API (selectors, not-found texts)",
             node_labels,
+        ),
+        // Before the kubectl matrix and the HPA: they then read objects with `swap` keys.
+        (
+            "swap served as kubelet's, shown by kubectl top --show-swap",
+            super::swap::swap,
         ),
     ];
     let own_kubectl: (&str, Check) = (
@@ -501,7 +506,7 @@ fn node_labels_set(ctx: &Ctx<'_>) -> Result<String> {
 
 /// Runs `body` in namespace `ns`, made fresh (an earlier run's is deleted first) and
 /// deleted in the background afterwards, whatever `body` returned.
-fn in_fresh_namespace(
+pub(super) fn in_fresh_namespace(
     ctx: &Ctx<'_>,
     ns: &str,
     body: impl FnOnce() -> Result<String>,

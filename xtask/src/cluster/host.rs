@@ -1,5 +1,6 @@
 //! What `cargo xtask cluster` changes on this machine, and how it is undone: the bridge
-//! and routes, sysctls, the guard in iptables, cgroups, mounts, and the processes it starts.
+//! and routes, sysctls, the guard in iptables, cgroups, mounts, a swap file when the machine
+//! has no swap ([`swap_up`]), and the processes it starts.
 //!
 //! Everything it starts runs in cgroup `kpulse-cluster/<name>` of the cgroup2 hierarchy
 //! (`/sys/fs/cgroup/unified` on systemd's hybrid layout), joined before exec, so that every
@@ -225,6 +226,82 @@ pub fn network_up(dirs: &Dirs) -> Result<()> {
         NODE_IP,
     ]))?;
     guard_up()
+}
+
+/// Size of the swap file [`swap_up`] adds.
+pub const SWAP_MIB: u64 = 256;
+
+/// The swap file [`swap_up`] adds (under `target/cluster`, kept out of the removed trees so
+/// that it is switched off before it is deleted).
+pub fn swap_file(dirs: &Dirs) -> PathBuf {
+    dirs.top.join("kpulse-cluster.swap")
+}
+
+/// `SwapTotal` of `/proc/meminfo`, kB.
+pub fn swap_total_kb() -> Result<u64> {
+    let text = fs::read_to_string("/proc/meminfo").context("cannot read /proc/meminfo")?;
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("SwapTotal:")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .context("/proc/meminfo has no SwapTotal")
+}
+
+/// Whether `file` is an active swap area (`/proc/swaps`).
+fn swap_active(file: &Path) -> bool {
+    fs::read_to_string("/proc/swaps")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .any(|name| Path::new(name) == file)
+}
+
+/// Gives the node swap when the machine has none: a [`SWAP_MIB`] MiB file, before the
+/// kubelet starts (it reads the machine's swap once, and publishes
+/// `status.nodeInfo.swap.capacity`, without which `kubectl top node --show-swap` prints
+/// `<unknown>`). The kubelet runs with `failSwapOn: false`; its default swap behaviour
+/// (`NoSwap`) keeps containers with a memory limit out of swap, so only what a check pushes
+/// there goes there.
+pub fn swap_up(dirs: &Dirs) -> Result<()> {
+    if swap_total_kb()? > 0 {
+        return Ok(());
+    }
+    let file = swap_file(dirs);
+    let path = file.to_string_lossy().into_owned();
+    // Written, not fallocated: a file without holes suits every file system.
+    run_quiet(Command::new("dd").args([
+        "if=/dev/zero",
+        &format!("of={path}"),
+        "bs=1M",
+        &format!("count={SWAP_MIB}"),
+        "status=none",
+    ]))?;
+    fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .with_context(|| format!("cannot chmod {path}"))?;
+    run_quiet(Command::new("mkswap").arg(&file))?;
+    run_quiet(Command::new("swapon").arg(&file))
+}
+
+/// Switches off and removes the file of [`swap_up`], if there is one.
+fn swap_down(dirs: &Dirs) -> Vec<String> {
+    let mut problems = Vec::new();
+    let file = swap_file(dirs);
+    if swap_active(&file) {
+        if let Err(e) = run_quiet(Command::new("swapoff").arg(&file)) {
+            problems.push(format!("{e:#}"));
+        }
+    }
+    if file.exists() && !swap_active(&file) {
+        if let Err(e) = fs::remove_file(&file) {
+            problems.push(format!("cannot remove {}: {e}", file.display()));
+        }
+    }
+    problems
 }
 
 fn iptables(args: &[&str]) -> Result<()> {
@@ -678,6 +755,8 @@ pub fn teardown(dirs: &Dirs) -> Vec<String> {
     }
     // The veths of pods whose network namespaces are gone went with them.
     problems.extend(iptables_down());
+    // After every process: what they had in swap comes back to memory, or is freed.
+    problems.extend(swap_down(dirs));
     for (key, _) in SYSCTLS {
         let record = dirs.state.join(format!("sysctl.{}", key.replace('/', ".")));
         if let Ok(old) = fs::read_to_string(&record) {
@@ -740,6 +819,10 @@ pub fn leftovers(dirs: &Dirs) -> Vec<String> {
     }
     if dirs.run.exists() {
         found.push(format!("directory {}", dirs.run.display()));
+    }
+    let swap = swap_file(dirs);
+    if swap_active(&swap) || swap.exists() {
+        found.push(format!("swap file {}", swap.display()));
     }
     for (key, _) in SYSCTLS {
         if dirs

@@ -20,6 +20,7 @@ mod host;
 mod images;
 mod migrate;
 mod pki;
+mod swap;
 pub mod versions;
 pub mod versus;
 
@@ -347,6 +348,12 @@ fn start(dirs: &Dirs, built: &Built, release: &versions::Release) -> Result<()> 
     let t = step("network: bridge, service route, sysctls, iptables guard");
     host::network_up(dirs)?;
     done("network ready", t);
+    let t = step("swap: the machine's, or a file");
+    host::swap_up(dirs)?;
+    done(
+        &format!("{} kB of swap", host::swap_total_kb().unwrap_or_default()),
+        t,
+    );
 
     let pki = pki::make(
         &dirs.pki,

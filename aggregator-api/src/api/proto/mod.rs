@@ -501,6 +501,28 @@ mod tests {
         ])
     }
 
+    /// `usage.swap` travels in the protobuf map like any resource, after `memory` (bytewise
+    /// order); without swap the map is what it always was.
+    #[test]
+    fn swap_is_one_more_usage_entry() {
+        use crate::api::types::{ContainerMetrics, NodeMetrics as ApiNodeMetrics};
+        let t = SystemTime::UNIX_EPOCH;
+        let zero = std::time::Duration::ZERO;
+        let node = ApiNodeMetrics::new("n1", BTreeMap::new(), t, t, zero, 5, 1024);
+        let keys = |m: &NodeMetrics| m.usage.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(&metrics::node_message(&node)), ["cpu", "memory"]);
+        let with = metrics::node_message(&node.with_swap(Some(3 << 20)));
+        assert_eq!(keys(&with), ["cpu", "memory", "swap"]);
+        assert_eq!(with.usage["swap"], Quantity::new(String::from("3Mi")));
+        let bytes = with.encode_to_vec();
+        assert_eq!(NodeMetrics::decode(bytes.as_slice()).unwrap(), with);
+        let c = ContainerMetrics::new("c", 1, 2).with_swap(Some(0));
+        assert_eq!(
+            c.usage.entries().map(|(k, _)| k).collect::<Vec<_>>(),
+            ["cpu", "memory", "swap"]
+        );
+    }
+
     #[test]
     fn node_metrics_golden() {
         let node = golden_node();

@@ -22,7 +22,7 @@
 //!
 //! The report (markdown) goes to stdout and to `--out`.
 
-mod api;
+pub(super) mod api;
 mod cost;
 mod freshness;
 mod hpa;

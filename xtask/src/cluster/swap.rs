@@ -76,7 +76,10 @@ fn swap_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
     let deadline = Instant::now() + Duration::from_secs(15);
     let (served, lo, hi) = loop {
         let before = file_swap(&dir, v1)?;
-        let v = ctx.json(&["get", "podmetrics", "-n", NS, POD])?;
+        // NotFound until the pod's second sample.
+        let v = ctx
+            .json(&["get", "podmetrics", "-n", NS, POD])
+            .unwrap_or_default();
         let after = file_swap(&dir, v1)?;
         let served = v["containers"][0]["usage"]["swap"]
             .as_str()

@@ -231,17 +231,6 @@ fn limit_memory(layout: &Layout, parent: &str, kid: &str, bytes: u64) {
         .unwrap_or_else(|e| panic!("write {}: {e}", file.display()));
 }
 
-/// `SwapTotal - SwapFree` of `/proc/meminfo`, bytes.
-fn meminfo_swap_used() -> u64 {
-    let text = std::fs::read_to_string("/proc/meminfo").expect("meminfo");
-    let kb = |key: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse().ok())
-            .unwrap_or_else(|| panic!("meminfo has no {key}"))
-    };
-    kb("SwapTotal:").saturating_sub(kb("SwapFree:")) * 1024
-}
-
 /// Swap as kubelet reads it (a container's `memory.swap.current` on v2, `total_swap` on v1;
 /// the node's `SwapTotal - SwapFree`), from both collectors against the kernel's files
 /// read just before and after each collection, within ±2 % of that bracket. The node gets
@@ -265,12 +254,12 @@ fn swap_figures(
         let before = file_memory(layout, parent, "swap")
             .swap
             .expect("swap accounting");
-        let node_before = meminfo_swap_used();
+        let node_before = common::swap::swap_used();
         let snap = collector.collect().expect("collect");
         let after = file_memory(layout, parent, "swap")
             .swap
             .expect("swap accounting");
-        let node_after = meminfo_swap_used();
+        let node_after = common::swap::swap_used();
         let (lo, hi) = (before.0.min(after.0), before.0.max(after.0));
         if hi < 8 << 20 {
             failures.push(format!(

@@ -37,20 +37,30 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// `key` (`SwapTotal`, …) of `/proc/meminfo`, kB, read here rather than by the agent's own
+/// parser, which the tests check.
+pub fn meminfo_kb(key: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").expect("read /proc/meminfo");
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(key)?
+                .strip_prefix(':')?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("/proc/meminfo has no {key}"))
+}
+
 /// `SwapTotal` of `/proc/meminfo`, kB.
 pub fn swap_total_kb() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            t.lines().find_map(|l| {
-                l.strip_prefix("SwapTotal:")?
-                    .split_whitespace()
-                    .next()?
-                    .parse()
-                    .ok()
-            })
-        })
-        .unwrap_or(0)
+    meminfo_kb("SwapTotal")
+}
+
+/// `SwapTotal - SwapFree` of `/proc/meminfo`, bytes.
+pub fn swap_used() -> u64 {
+    swap_total_kb().saturating_sub(meminfo_kb("SwapFree")) * 1024
 }
 
 impl Swap {

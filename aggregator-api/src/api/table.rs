@@ -309,17 +309,9 @@ fn node_rows(metadata: ListMeta, nodes: &[NodeMetrics], options: &TableOptions) 
         });
         let mut cells = Vec::with_capacity(names.len() + 2);
         cells.push(node.metadata.name.clone().unwrap_or_default());
-        // By the first node's columns; a resource this node lacks (`swap` on a node
-        // without swap, after one with it) is Go's zero quantity.
-        cells.extend(names.iter().map(|name| {
-            node.usage
-                .entries()
-                .find(|(have, _)| have == name)
-                .map_or_else(
-                    || Quantity::zero().canonical(),
-                    |(_, value)| value.canonical(),
-                )
-        }));
+        // By the first node's columns (`swap` on a node without swap, after one with it:
+        // Go's zero quantity).
+        cells.extend(names.iter().map(|name| cell(node.usage.entries(), name)));
         cells.push(go::format_duration(go::nanos(node.window)));
         rows.push(TableRow {
             cells,
@@ -332,6 +324,15 @@ fn node_rows(metadata: ListMeta, nodes: &[NodeMetrics], options: &TableOptions) 
         table.rows = Some(rows);
     }
     table
+}
+
+/// The cell of resource `name` in a row with these usage pairs: Go's `usage[name].String()`,
+/// the zero quantity where the row lacks it.
+fn cell(mut usage: impl Iterator<Item = (&'static str, Quantity)>, name: &str) -> String {
+    usage.find(|(have, _)| *have == name).map_or_else(
+        || Quantity::zero().canonical(),
+        |(_, value)| value.canonical(),
+    )
 }
 
 /// Sums a pod's container usage per resource, as Go's `Quantity.Add` does, in name order.
@@ -370,14 +371,11 @@ fn pod_rows(metadata: ListMeta, pods: &[PodMetrics], options: &TableOptions) -> 
         let row_names = names.as_deref().unwrap_or_default();
         let mut cells = Vec::with_capacity(row_names.len() + 2);
         cells.push(pod.metadata.name.clone().unwrap_or_default());
-        for name in row_names {
-            let value = usage
+        cells.extend(
+            row_names
                 .iter()
-                .find(|(have, _)| have == name)
-                .map(|(_, value)| value.canonical())
-                .unwrap_or_else(|| Quantity::zero().canonical());
-            cells.push(value);
-        }
+                .map(|name| cell(usage.iter().copied(), name)),
+        );
         cells.push(go::format_duration(go::nanos(pod.window)));
         rows.push(TableRow {
             cells,

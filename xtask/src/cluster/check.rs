@@ -796,16 +796,20 @@ fn read_versions(
     read
 }
 
-/// The PID of a container's first process, from the cluster's `crictl`.
-pub(super) fn container_pid(ctx: &Ctx<'_>, id: &str) -> Result<u64> {
+/// `crictl inspect` of a container, from the cluster's `crictl`, as JSON.
+pub(super) fn container_inspect(ctx: &Ctx<'_>, id: &str) -> Result<Value> {
     let inspect = crate::exec::output(
         Command::new(super::crictl(ctx.dirs))
             .arg("--runtime-endpoint")
             .arg(format!("unix://{}", ctx.dirs.containerd_socket().display()))
             .args(["inspect", "-o", "json", id]),
     )?;
-    serde_json::from_str::<Value>(&inspect).context("crictl inspect printed no JSON")?["info"]
-        ["pid"]
+    serde_json::from_str(&inspect).context("crictl inspect printed no JSON")
+}
+
+/// The PID of a container's first process.
+pub(super) fn container_pid(ctx: &Ctx<'_>, id: &str) -> Result<u64> {
+    container_inspect(ctx, id)?["info"]["pid"]
         .as_u64()
         .filter(|p| *p > 0)
         .with_context(|| format!("no PID for container {id}"))

@@ -237,18 +237,29 @@ pub fn swap_file(dirs: &Dirs) -> PathBuf {
     dirs.top.join("kpulse-cluster.swap")
 }
 
-/// `SwapTotal` of `/proc/meminfo`, kB.
-pub fn swap_total_kb() -> Result<u64> {
+/// `key` (`SwapTotal`, …) of `/proc/meminfo`, kB.
+fn meminfo_kb(key: &str) -> Result<u64> {
     let text = fs::read_to_string("/proc/meminfo").context("cannot read /proc/meminfo")?;
     text.lines()
         .find_map(|l| {
-            l.strip_prefix("SwapTotal:")?
+            l.strip_prefix(key)?
+                .strip_prefix(':')?
                 .split_whitespace()
                 .next()?
                 .parse()
                 .ok()
         })
-        .context("/proc/meminfo has no SwapTotal")
+        .with_context(|| format!("/proc/meminfo has no {key}"))
+}
+
+/// `SwapTotal` of `/proc/meminfo`, kB.
+pub fn swap_total_kb() -> Result<u64> {
+    meminfo_kb("SwapTotal")
+}
+
+/// `SwapTotal - SwapFree` of `/proc/meminfo`, bytes.
+pub fn swap_used() -> Result<u64> {
+    Ok(swap_total_kb()?.saturating_sub(meminfo_kb("SwapFree")?) * 1024)
 }
 
 /// Whether `file` is an active swap area (`/proc/swaps`).

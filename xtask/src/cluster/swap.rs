@@ -18,7 +18,6 @@
 //!    too): that is what the checks after this one read with older kubectls and the HPA.
 
 use std::{
-    path::{Path, PathBuf},
     thread,
     time::{Duration, Instant},
 };
@@ -26,9 +25,9 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 
 use super::{
-    check::{in_fresh_namespace, Ctx},
+    check::{container_inspect, in_fresh_namespace, Ctx},
     daemons, host, images,
-    versus::api::quantity,
+    versus::{api::quantity, truth::CgroupFiles},
 };
 
 const NS: &str = "kpulse-swap";
@@ -60,13 +59,15 @@ fn swap_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
     let file = ctx.dirs.etc.join("check-swapper.json");
     std::fs::write(&file, manifest())?;
     crate::exec::output(ctx.kubectl().arg("apply").arg("-f").arg(&file))?;
-    let (uid, container) = running_container(ctx)?;
-    let (memory_mount, v1) = memory_hierarchy()?;
-    let dir = find_dir(&memory_mount.join(host::PODS_CGROUP), &container, 8)
-        .with_context(|| format!("no cgroup {container} of pod {uid}"))?;
-    wait_for_fill(&dir, v1)?;
-    push_to_swap(&dir, v1)?;
-    let in_swap = file_swap(&dir, v1)?;
+    let container = running_container(ctx)?;
+    let inspect = container_inspect(ctx, &container)?;
+    let cgroups_path = inspect["info"]["runtimeSpec"]["linux"]["cgroupsPath"]
+        .as_str()
+        .with_context(|| format!("container {container}: no cgroupsPath"))?;
+    let files = CgroupFiles::for_path(cgroups_path)?;
+    wait_for_fill(&files)?;
+    push_to_swap(&files)?;
+    let in_swap = files.swap()?;
     ensure!(
         in_swap >= 16 << 20,
         "only {in_swap} B of the pod's memory went to swap"
@@ -75,12 +76,12 @@ fn swap_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
     // The served value, against the files read around it; the agent reads every second.
     let deadline = Instant::now() + Duration::from_secs(15);
     let (served, lo, hi) = loop {
-        let before = file_swap(&dir, v1)?;
+        let before = files.swap()?;
         // NotFound until the pod's second sample.
         let v = ctx
             .json(&["get", "podmetrics", "-n", NS, POD])
             .unwrap_or_default();
-        let after = file_swap(&dir, v1)?;
+        let after = files.swap()?;
         let served = v["containers"][0]["usage"]["swap"]
             .as_str()
             .and_then(quantity);
@@ -109,7 +110,7 @@ fn swap_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
         .and_then(|s| quantity(&s))
         .with_context(|| format!("no SWAP(bytes) of {POD} in\n{top_pod}"))?
         / MIB;
-    let file_mib = file_swap(&dir, v1)? as f64 / MIB;
+    let file_mib = files.swap()? as f64 / MIB;
     ensure!(
         (pod_mib - file_mib).abs() <= 1.0 + file_mib * TOLERANCE,
         "kubectl top pod --show-swap: {pod_mib} Mi, the cgroup {file_mib:.1} Mi\n{top_pod}"
@@ -121,12 +122,12 @@ fn swap_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
         daemons::NODE_NAME,
         "--show-swap",
     ]))?;
-    let node_before = meminfo_swap_used()? as f64 / MIB;
+    let node_before = host::swap_used()? as f64 / MIB;
     let node_mib = column(&top_node, daemons::NODE_NAME, "SWAP(bytes)")
         .and_then(|s| quantity(&s))
         .with_context(|| format!("no SWAP(bytes) of the node in\n{top_node}"))?
         / MIB;
-    let node_after = meminfo_swap_used()? as f64 / MIB;
+    let node_after = host::swap_used()? as f64 / MIB;
     let percent = column(&top_node, daemons::NODE_NAME, "SWAP(%)").unwrap_or_default();
     ensure!(
         percent.ends_with('%'),
@@ -172,23 +173,18 @@ fn manifest() -> String {
     )
 }
 
-/// The pod's uid and its running container's id, once it runs (120 s at most).
-fn running_container(ctx: &Ctx<'_>) -> Result<(String, String)> {
+/// The pod's running container's id, once it runs (120 s at most).
+fn running_container(ctx: &Ctx<'_>) -> Result<String> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let p = ctx.json(&["get", "pod", POD, "-n", NS])?;
         let status = &p["status"]["containerStatuses"][0];
         if status["state"]["running"].is_object() {
-            let id = status["containerID"]
+            return status["containerID"]
                 .as_str()
                 .and_then(|s| s.split_once("://"))
                 .map(|(_, id)| id.to_string())
-                .context("running container without a containerID")?;
-            let uid = p["metadata"]["uid"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            return Ok((uid, id));
+                .context("running container without a containerID");
         }
         ensure!(
             Instant::now() < deadline,
@@ -199,73 +195,12 @@ fn running_container(ctx: &Ctx<'_>) -> Result<(String, String)> {
     }
 }
 
-/// The mount of the hierarchy with the memory controller, and whether it is a v1 one.
-fn memory_hierarchy() -> Result<(PathBuf, bool)> {
-    let mounts = host::mounts()?;
-    if let Some(m) = mounts
-        .iter()
-        .find(|m| m.fstype == "cgroup" && m.point.join("memory.limit_in_bytes").exists())
-    {
-        return Ok((m.point.clone(), true));
-    }
-    Ok((host::cgroup2_root()?, false))
-}
-
-/// The directory named `name` below `top`, at most `depth` levels down.
-fn find_dir(top: &Path, name: &str, depth: usize) -> Option<PathBuf> {
-    let mut level = vec![top.to_path_buf()];
-    for _ in 0..depth {
-        let mut next = Vec::new();
-        for d in level {
-            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    if e.file_name() == name {
-                        return Some(e.path());
-                    }
-                    next.push(e.path());
-                }
-            }
-        }
-        level = next;
-    }
-    None
-}
-
-fn read_u64(path: &Path) -> Result<u64> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    text.trim()
-        .parse()
-        .with_context(|| format!("{}: not a number: {text:?}", path.display()))
-}
-
-/// The cgroup's memory use and swap, from its own files.
-fn file_usage(dir: &Path, v1: bool) -> Result<u64> {
-    read_u64(&dir.join(if v1 {
-        "memory.usage_in_bytes"
-    } else {
-        "memory.current"
-    }))
-}
-
-fn file_swap(dir: &Path, v1: bool) -> Result<u64> {
-    if !v1 {
-        return read_u64(&dir.join("memory.swap.current"));
-    }
-    let path = dir.join("memory.stat");
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("total_swap ")?.trim().parse().ok())
-        .with_context(|| format!("{}: no total_swap (swap accounting off?)", path.display()))
-}
-
 /// Waits until the pod's fill is in memory or in swap (60 s at most).
-fn wait_for_fill(dir: &Path, v1: bool) -> Result<()> {
+fn wait_for_fill(files: &CgroupFiles) -> Result<()> {
     let want = (FILL_MIB - 4) << 20;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let have = file_usage(dir, v1)? + file_swap(dir, v1)?;
+        let have = files.memory_usage()? + files.swap()?;
         if have >= want {
             return Ok(());
         }
@@ -278,13 +213,13 @@ fn wait_for_fill(dir: &Path, v1: bool) -> Result<()> {
 }
 
 /// Moves most of the fill to swap, as memory pressure on the container would.
-fn push_to_swap(dir: &Path, v1: bool) -> Result<()> {
+fn push_to_swap(files: &CgroupFiles) -> Result<()> {
     let write = |file: &str, value: String| {
-        let path = dir.join(file);
+        let path = files.memory_control(file);
         std::fs::write(&path, &value)
             .with_context(|| format!("cannot write {value} to {}", path.display()))
     };
-    if v1 {
+    if !files.is_v2() {
         // The kernel reclaims down to the new limit, or refuses (EBUSY) and keeps the old.
         let mut last = Ok(());
         for _ in 0..5 {
@@ -301,17 +236,6 @@ fn push_to_swap(dir: &Path, v1: bool) -> Result<()> {
         let _ = write("memory.reclaim", format!("{}M", FILL_MIB - 8));
         Ok(())
     }
-}
-
-/// `SwapTotal - SwapFree` of `/proc/meminfo`, bytes.
-fn meminfo_swap_used() -> Result<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").context("cannot read /proc/meminfo")?;
-    let kb = |key: &str| -> Result<u64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse().ok())
-            .with_context(|| format!("/proc/meminfo has no {key}"))
-    };
-    Ok(kb("SwapTotal:")?.saturating_sub(kb("SwapFree:")?) * 1024)
 }
 
 /// The cell of column `header` in the row whose first cell is `row`, in kubectl's table.

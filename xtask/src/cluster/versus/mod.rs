@@ -26,7 +26,7 @@ pub(super) mod api;
 mod cost;
 mod freshness;
 mod hpa;
-mod truth;
+pub(super) mod truth;
 mod window;
 
 use std::{

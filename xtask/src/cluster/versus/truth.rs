@@ -87,23 +87,55 @@ impl CgroupFiles {
         }
     }
 
-    /// Working set, bytes.
-    pub fn working_set(&self) -> Result<u64> {
-        let usage: u64 = fs::read_to_string(&self.memory_usage)
+    /// Whether the files are cgroup v2's.
+    pub fn is_v2(&self) -> bool {
+        self.v2
+    }
+
+    /// Memory usage, bytes.
+    pub fn memory_usage(&self) -> Result<u64> {
+        fs::read_to_string(&self.memory_usage)
             .with_context(|| format!("cannot read {}", self.memory_usage.display()))?
             .trim()
             .parse()
-            .with_context(|| format!("{}: not a number", self.memory_usage.display()))?;
+            .with_context(|| format!("{}: not a number", self.memory_usage.display()))
+    }
+
+    /// `key` of `memory.stat`.
+    fn memory_stat(&self, key: &str) -> Result<u64> {
         let stat = fs::read_to_string(&self.memory_stat)
             .with_context(|| format!("cannot read {}", self.memory_stat.display()))?;
-        let key = if self.v2 {
+        stat_field(&stat, key).with_context(|| format!("{}: no {key}", self.memory_stat.display()))
+    }
+
+    /// Working set, bytes.
+    pub fn working_set(&self) -> Result<u64> {
+        let usage = self.memory_usage()?;
+        let inactive = self.memory_stat(if self.v2 {
             "inactive_file"
         } else {
             "total_inactive_file"
-        };
-        let inactive = stat_field(&stat, key)
-            .with_context(|| format!("{}: no {key}", self.memory_stat.display()))?;
+        })?;
         Ok(usage.saturating_sub(inactive))
+    }
+
+    /// Swap, bytes, as kubelet reads it: `memory.swap.current` (v2), `total_swap` (v1; absent
+    /// where swap accounting is off).
+    pub fn swap(&self) -> Result<u64> {
+        if !self.v2 {
+            return self.memory_stat("total_swap");
+        }
+        let path = self.memory_control("memory.swap.current");
+        fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?
+            .trim()
+            .parse()
+            .with_context(|| format!("{}: not a number", path.display()))
+    }
+
+    /// A file of the container's memory cgroup (`memory.limit_in_bytes`, `memory.reclaim`).
+    pub fn memory_control(&self, file: &str) -> PathBuf {
+        self.memory_usage.with_file_name(file)
     }
 
     /// The directory of the pod-level cgroup (the container's parent), same layout.

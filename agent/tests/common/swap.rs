@@ -76,7 +76,7 @@ impl Swap {
             let swap = Swap {
                 added: Some(Added::RamDisk),
             };
-            run("mkswap", &[RAM_DISK])?;
+            write_swap_header(RAM_DISK, mib)?;
             run("swapon", &[RAM_DISK])?;
             return Ok(swap);
         }
@@ -101,6 +101,30 @@ impl Swap {
         run("swapon", &[&path])?;
         Ok(swap)
     }
+}
+
+/// Writes the kernel's swap header (`union swap_header` of `include/linux/swap.h`, version 1)
+/// to `device`, as `mkswap` does. The VMs cannot run busybox's `mkswap`: it reads
+/// `/dev/urandom` for a UUID, and right after boot, before the kernel's random pool is ready,
+/// that read runs the kernel's jitter entropy generator, which crashed the 6.12 guest under
+/// qemu's TCG (an `int3` oops in `sched_clock_cpu`). The UUID is optional; this leaves it 0.
+fn write_swap_header(device: &str, mib: u64) -> Result<(), String> {
+    use std::io::Write;
+    // SAFETY: sysconf has no preconditions.
+    #[allow(unsafe_code)]
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .map_err(|_| "no page size".to_string())?;
+    let pages = u32::try_from((mib << 20) / page as u64).map_err(|_| "too large".to_string())?;
+    let mut header = vec![0u8; page];
+    // After 1,024 boot bytes: version, last page, bad pages; the magic ends the page.
+    header[1024..1028].copy_from_slice(&1u32.to_ne_bytes());
+    header[1028..1032].copy_from_slice(&(pages - 1).to_ne_bytes());
+    header[page - 10..].copy_from_slice(b"SWAPSPACE2");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(device)
+        .and_then(|mut f| f.write_all(&header).and_then(|()| f.sync_all()))
+        .map_err(|e| format!("cannot write a swap header to {device}: {e}"))
 }
 
 impl Drop for Swap {

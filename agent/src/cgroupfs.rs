@@ -71,28 +71,115 @@ fn single_u64(path: &Path) -> Result<u64, FsError> {
     })
 }
 
-/// Reads the start of a statistics file and drops it: the kernel formats the whole file
-/// (and flushes what its `show` handler flushes, as for every reader) on the first read, so
-/// one small read, with nothing allocated, is enough to ask for the flush.
-pub fn read_to_flush(path: &Path) -> Result<(), FsError> {
-    use std::io::Read;
-    let mut buf = [0u8; 256];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read(&mut buf))
-        .map(|_| ())
-        .map_err(|source| FsError::Read {
-            path: path.to_path_buf(),
-            source,
+/// A statistics file read every tick through one open descriptor: a read at offset 0
+/// (`pread`) makes the kernel format it anew, and run what its `show` handler runs (the
+/// flushes), as a fresh open would, without the path lookup, open and close each time.
+/// When a read fails (the cgroup was removed: `ENODEV`), the file is opened again once by
+/// path, so a cgroup made again under the same name is followed and a vanished one reports
+/// [`FsError::is_not_found`].
+#[derive(Debug)]
+pub struct KeptFile {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+}
+
+/// Bound on what [`KeptFile::read_all`] reads: these files are a few KiB.
+const KEPT_FILE_MAX: usize = 1 << 20;
+
+impl KeptFile {
+    /// The file at `path`, opened at its first read.
+    pub fn new(path: PathBuf) -> KeptFile {
+        KeptFile { path, file: None }
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the start of the file and drops it: the kernel formats the whole file (and
+    /// flushes what its `show` handler flushes, as for every reader) on the first read, so
+    /// one small read, with nothing allocated, is enough to ask for the flush.
+    pub fn read_to_flush(&mut self) -> Result<(), FsError> {
+        let mut buf = [0u8; 256];
+        self.with_file(|f| {
+            use std::os::unix::fs::FileExt;
+            f.read_at(&mut buf, 0).map(|_| ())
         })
+    }
+
+    /// Reads the whole file into `text` (replacing what it held).
+    pub fn read_all(&mut self, text: &mut String) -> Result<(), FsError> {
+        let mut bytes = std::mem::take(text).into_bytes();
+        let r = self.with_file(|f| read_all_at(f, &mut bytes));
+        *text = match String::from_utf8(bytes) {
+            Ok(t) => t,
+            Err(_) => {
+                return Err(FsError::Parse {
+                    path: self.path.clone(),
+                    reason: "not UTF-8".into(),
+                })
+            }
+        };
+        r
+    }
+
+    fn with_file(
+        &mut self,
+        mut read: impl FnMut(&std::fs::File) -> std::io::Result<()>,
+    ) -> Result<(), FsError> {
+        if let Some(f) = &self.file {
+            if read(f).is_ok() {
+                return Ok(());
+            }
+            self.file = None;
+        }
+        let opened = std::fs::File::open(&self.path).and_then(|f| read(&f).map(|()| f));
+        match opened {
+            Ok(f) => {
+                self.file = Some(f);
+                Ok(())
+            }
+            Err(source) => Err(FsError::Read {
+                path: self.path.clone(),
+                source,
+            }),
+        }
+    }
+}
+
+/// Reads `f` from offset 0 to its end into `out` (cleared first), at most
+/// [`KEPT_FILE_MAX`] bytes.
+fn read_all_at(f: &std::fs::File, out: &mut Vec<u8>) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    out.clear();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = f.read_at(&mut chunk, out.len() as u64)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if out.len() + n > KEPT_FILE_MAX {
+            return Err(std::io::Error::new(
+                ErrorKind::InvalidData,
+                format!("longer than {KEPT_FILE_MAX} bytes"),
+            ));
+        }
+        out.extend_from_slice(&chunk[..n]);
+    }
 }
 
 /// v2 `cpu.stat` `usage_usec`, as nanoseconds. Reading it also makes the kernel flush
 /// the cgroup subtree's pending CPU statistics (rstat).
 pub fn cpu_stat_usage(dir: &Path) -> Result<CpuNanos, FsError> {
     let path = dir.join("cpu.stat");
-    let text = read(&path)?;
+    parse_cpu_stat_usage(&path, &read(&path)?)
+}
+
+/// `usage_usec` of the text of the v2 `cpu.stat` at `path`, as nanoseconds.
+pub fn parse_cpu_stat_usage(path: &Path, text: &str) -> Result<CpuNanos, FsError> {
     Ok(CpuNanos(
-        need_key(&path, &text, "usage_usec")?.saturating_mul(1000),
+        need_key(path, text, "usage_usec")?.saturating_mul(1000),
     ))
 }
 
@@ -141,7 +228,8 @@ pub fn memory_v1(dir: &Path, swap: bool) -> Result<Memory, FsError> {
     Ok(Memory::from_raw(Bytes(usage), Bytes(inactive), Bytes(rss)).with_swap(swapped.map(Bytes)))
 }
 
-const MEMINFO: &str = "/proc/meminfo";
+/// The kernel's memory figures.
+pub const MEMINFO: &str = "/proc/meminfo";
 
 /// The value of `key` (kB) in the text of `/proc/meminfo`, as bytes.
 fn meminfo_bytes(text: &str, key: &str) -> Result<Bytes, FsError> {
@@ -166,12 +254,8 @@ pub struct MemInfo {
     pub swap: Option<Bytes>,
 }
 
-/// Reads [`MemInfo`] from `/proc/meminfo`.
-pub fn meminfo() -> Result<MemInfo, FsError> {
-    parse_meminfo(&read(Path::new(MEMINFO))?)
-}
-
-fn parse_meminfo(text: &str) -> Result<MemInfo, FsError> {
+/// Parses [`MemInfo`] from the text of `/proc/meminfo`.
+pub fn parse_meminfo(text: &str) -> Result<MemInfo, FsError> {
     let total = meminfo_bytes(text, "MemTotal")?;
     let free = meminfo_bytes(text, "MemFree")?;
     // Kernels without CONFIG_SWAP still print both lines, as 0.
@@ -183,9 +267,9 @@ fn parse_meminfo(text: &str) -> Result<MemInfo, FsError> {
     })
 }
 
-/// `Inactive(file)` from `/proc/meminfo`, bytes.
-pub fn meminfo_inactive_file() -> Result<Bytes, FsError> {
-    meminfo_bytes(&read(Path::new(MEMINFO))?, "Inactive(file)")
+/// `Inactive(file)` from the text of `/proc/meminfo`, bytes.
+pub fn parse_meminfo_inactive_file(text: &str) -> Result<Bytes, FsError> {
+    meminfo_bytes(text, "Inactive(file)")
 }
 
 /// One directory of a cgroup tree.
@@ -270,14 +354,53 @@ pub fn join_rel(mount: &Path, rel: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn read_to_flush_reads_or_says_not_found() {
-        let dir = std::env::temp_dir().join(format!("kpulse-flush-{}", std::process::id()));
+    fn kept_files_read_from_the_start_each_time_and_follow_their_path() {
+        let dir = std::env::temp_dir().join(format!("kpulse-kept-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
-        let file = dir.join("memory.stat");
-        std::fs::write(&file, "anon 1\n".repeat(1000)).expect("write");
-        assert!(read_to_flush(&file).is_ok());
-        let missing = read_to_flush(&dir.join("gone")).expect_err("missing file");
-        assert!(missing.is_not_found());
+        let path = dir.join("memory.stat");
+        // Longer than one read chunk.
+        let first = "anon 1\n".repeat(1000);
+        std::fs::write(&path, &first).expect("write");
+        let mut kept = KeptFile::new(path.clone());
+        let mut text = String::new();
+        kept.read_all(&mut text).expect("read");
+        assert_eq!(text, first);
+        kept.read_to_flush().expect("flush read");
+        // Rewritten in place (the same inode, as a kernel file's content changes): the next
+        // read starts at 0 again and sees the new content.
+        let second = "anon 2\n".repeat(10);
+        std::fs::write(&path, &second).expect("rewrite");
+        kept.read_all(&mut text).expect("read");
+        assert_eq!(text, second);
+
+        // Not there: not found, and found again once it is.
+        let mut missing = KeptFile::new(dir.join("gone"));
+        let err = missing.read_to_flush().expect_err("missing file");
+        assert!(err.is_not_found(), "{err}");
+        assert!(missing
+            .read_all(&mut text)
+            .expect_err("missing")
+            .is_not_found());
+        std::fs::write(dir.join("gone"), "back\n").expect("write");
+        missing.read_all(&mut text).expect("read after it appeared");
+        assert_eq!(text, "back\n");
+
+        // A directory opens but cannot be read: an error naming it, not a panic.
+        let mut not_a_file = KeptFile::new(dir.clone());
+        let err = not_a_file.read_all(&mut text).expect_err("a directory");
+        assert!(!err.is_not_found());
+        assert!(
+            err.to_string().contains(&dir.display().to_string()),
+            "{err}"
+        );
+
+        // Bounded: a file longer than the bound is refused.
+        let big = dir.join("big");
+        std::fs::write(&big, vec![b'x'; KEPT_FILE_MAX + 1]).expect("write");
+        let err = KeptFile::new(big)
+            .read_all(&mut text)
+            .expect_err("too long");
+        assert!(format!("{err:?}").contains("longer than"), "{err:?}");
         std::fs::remove_dir_all(&dir).expect("clean up");
     }
 

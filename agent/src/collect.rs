@@ -13,7 +13,7 @@ use kpulse_common::{
 };
 
 use crate::{
-    cgroupfs::{self, FsError},
+    cgroupfs::{self, FsError, KeptFile},
     layout::Layout,
     probe::{CgroupIter, IterLink, ProbeError},
     sample::{self, Bytes, CgroupId, CgroupSample, CpuNanos, Memory, NodeSample, Snapshot, Source},
@@ -156,37 +156,64 @@ pub fn select(
     }
 }
 
-/// Node totals shared by both collectors: CPU from the root cgroup's `cpu.stat` (the
-/// kernel computes it from per-CPU `kcpustat`, which no cgroup walk sees), memory as
-/// `MemTotal - MemFree - inactive_file(root)`, swap from `/proc/meminfo`.
-fn node_totals(layout: &Layout, root_inactive: Option<Bytes>) -> Result<NodeSample, FsError> {
-    let cpu = cgroupfs::cpu_stat_usage(layout.cpu_mount())?;
-    let mem = cgroupfs::meminfo()?;
-    let inactive = match root_inactive {
-        Some(b) => b,
-        None => root_inactive_file(layout)?,
-    };
-    Ok(NodeSample {
-        cpu,
-        memory_working_set: Bytes(mem.used.0.saturating_sub(inactive.0)),
-        swap: mem.swap,
-    })
+/// The node-wide files both collectors read every tick, kept open ([`KeptFile`]): node
+/// CPU from the root cgroup's `cpu.stat` (the kernel computes it from per-CPU `kcpustat`,
+/// which no cgroup walk sees), memory as `MemTotal - MemFree - inactive_file(root)`, swap
+/// from `/proc/meminfo`.
+#[derive(Debug)]
+struct NodeFiles {
+    cpu_stat: KeptFile,
+    meminfo: KeptFile,
+    /// The memory hierarchy root's `memory.stat`, when the walk did not give the root's
+    /// `inactive_file`.
+    memory_stat: KeptFile,
+    inactive_key: &'static str,
+    /// Read buffer, kept between ticks.
+    text: String,
 }
 
-fn root_inactive_file(layout: &Layout) -> Result<Bytes, FsError> {
-    let (path, key) = match layout {
-        Layout::Unified { mount } => (mount.join("memory.stat"), "inactive_file"),
-        Layout::Hybrid { memory, .. } => (memory.join("memory.stat"), "total_inactive_file"),
-    };
-    match cgroupfs::read(&path) {
-        Ok(text) => cgroupfs::flat_key(&text, key)
-            .map(Bytes)
-            .ok_or_else(|| FsError::Parse {
-                path,
-                reason: format!("no `{key}`"),
-            }),
-        Err(e) if e.is_not_found() => cgroupfs::meminfo_inactive_file(),
-        Err(e) => Err(e),
+impl NodeFiles {
+    fn new(layout: &Layout) -> NodeFiles {
+        let (memory_stat, inactive_key) = match layout {
+            Layout::Unified { mount } => (mount.join("memory.stat"), "inactive_file"),
+            Layout::Hybrid { memory, .. } => (memory.join("memory.stat"), "total_inactive_file"),
+        };
+        NodeFiles {
+            cpu_stat: KeptFile::new(layout.cpu_mount().join("cpu.stat")),
+            meminfo: KeptFile::new(cgroupfs::MEMINFO.into()),
+            memory_stat: KeptFile::new(memory_stat),
+            inactive_key,
+            text: String::new(),
+        }
+    }
+
+    fn read(&mut self, root_inactive: Option<Bytes>) -> Result<NodeSample, FsError> {
+        self.cpu_stat.read_all(&mut self.text)?;
+        let cpu = cgroupfs::parse_cpu_stat_usage(self.cpu_stat.path(), &self.text)?;
+        self.meminfo.read_all(&mut self.text)?;
+        let mem = cgroupfs::parse_meminfo(&self.text)?;
+        let inactive = match root_inactive {
+            Some(b) => b,
+            None => match self.memory_stat.read_all(&mut self.text) {
+                Ok(()) => cgroupfs::flat_key(&self.text, self.inactive_key)
+                    .map(Bytes)
+                    .ok_or_else(|| FsError::Parse {
+                        path: self.memory_stat.path().to_path_buf(),
+                        reason: format!("no `{}`", self.inactive_key),
+                    })?,
+                // No memory controller on the root (a unified mount without it).
+                Err(e) if e.is_not_found() => {
+                    self.meminfo.read_all(&mut self.text)?;
+                    cgroupfs::parse_meminfo_inactive_file(&self.text)?
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        Ok(NodeSample {
+            cpu,
+            memory_working_set: Bytes(mem.used.0.saturating_sub(inactive.0)),
+            swap: mem.swap,
+        })
     }
 }
 
@@ -194,12 +221,16 @@ fn root_inactive_file(layout: &Layout) -> Result<Bytes, FsError> {
 #[derive(Debug)]
 pub struct CgroupfsCollector {
     scope: Scope,
+    node: NodeFiles,
 }
 
 impl CgroupfsCollector {
     /// A collector over `scope`.
     pub fn new(scope: Scope) -> Self {
-        CgroupfsCollector { scope }
+        CgroupfsCollector {
+            node: NodeFiles::new(&scope.layout),
+            scope,
+        }
     }
 }
 
@@ -212,7 +243,7 @@ impl Collector for CgroupfsCollector {
         let s = &self.scope;
         let timestamp = sample::now();
         // First, to know whether to read swap files at all (only where the node has swap).
-        let node = node_totals(&s.layout, None)?;
+        let node = self.node.read(None)?;
         let swap = node.swap.is_some();
         let mut out: Vec<CgroupSample> = Vec::new();
         let (cpu_dirs, mut dropped) = cgroupfs::walk(s.layout.cpu_mount(), &s.root, s.max_cgroups)?;
@@ -290,10 +321,11 @@ pub struct EbpfCollector {
     cpu_paths: PathCache,
     mem_paths: PathCache,
     /// `cpu.stat` files whose read flushes the subtree's CPU statistics.
-    flush_files: Vec<std::path::PathBuf>,
+    flush_files: Vec<KeptFile>,
     /// The scope root's `memory.stat` on the memory hierarchy, read to flush the subtree's
     /// memory statistics (see [`EbpfCollector::flush`]).
-    memory_flush: std::path::PathBuf,
+    memory_flush: KeptFile,
+    node: NodeFiles,
     links: LinkEvents,
     /// Cgroup id and CPU time of the last successful tick (for [`AutoCollector`]'s switch).
     last_cpu: Vec<(u64, u64)>,
@@ -346,6 +378,7 @@ impl EbpfCollector {
             Layout::Unified { .. } => None,
         };
         let mut c = EbpfCollector {
+            node: NodeFiles::new(&scope.layout),
             scope,
             iter,
             cpu_link,
@@ -356,7 +389,7 @@ impl EbpfCollector {
             cpu_paths: PathCache::default(),
             mem_paths: PathCache::default(),
             flush_files: Vec::new(),
-            memory_flush: std::path::PathBuf::new(),
+            memory_flush: KeptFile::new(std::path::PathBuf::new()),
             links: LinkEvents::default(),
             last_cpu: Vec::new(),
             names_copied: 0,
@@ -492,25 +525,40 @@ impl EbpfCollector {
     /// CPU flush goes through its children; the root's `memory.stat` flushes the whole tree.
     fn refresh_flush_files(&mut self) -> Result<(), CollectError> {
         let root = cgroupfs::normalise_rel(&self.scope.root);
-        self.memory_flush =
-            cgroupfs::join_rel(self.scope.layout.memory_mount(), &root).join("memory.stat");
+        self.memory_flush = KeptFile::new(
+            cgroupfs::join_rel(self.scope.layout.memory_mount(), &root).join("memory.stat"),
+        );
         let mount = self.scope.layout.cpu_mount();
         self.flush_files = if root == "/" {
-            let mut dirs = Vec::new();
+            let mut files = Vec::new();
             let entries = std::fs::read_dir(mount).map_err(|source| FsError::Read {
                 path: mount.to_path_buf(),
                 source,
             })?;
             for e in entries.flatten() {
                 if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                    dirs.push(e.path().join("cpu.stat"));
+                    files.push(KeptFile::new(e.path().join("cpu.stat")));
                 }
             }
-            dirs
+            files
         } else {
-            vec![cgroupfs::join_rel(mount, &root).join("cpu.stat")]
+            vec![KeptFile::new(
+                cgroupfs::join_rel(mount, &root).join("cpu.stat"),
+            )]
         };
         Ok(())
+    }
+
+    /// Whether the flush files no longer match the hierarchy's top level, as the walk just
+    /// saw it: a top-level cgroup made since (its statistics would otherwise wait for
+    /// another reader's flush) or one removed.
+    fn flush_files_stale(&self, records: &[CgroupRecord]) -> bool {
+        cgroupfs::normalise_rel(&self.scope.root) == "/"
+            && records
+                .iter()
+                .filter(|r| r.flags & FLAG_READ_ERROR == 0 && r.level == 1)
+                .count()
+                != self.flush_files.len()
     }
 
     /// Asks the kernel to fold its per-CPU statistics of the scope into the totals the walk
@@ -522,11 +570,13 @@ impl EbpfCollector {
     ///   so the working set, lags until the kernel's periodic flush (every 2 s, later on a
     ///   busy host): 4 MiB of a 64 MiB cgroup was seen. A scope root without the file (no
     ///   memory controller there) has no memory statistics to flush.
+    ///
+    /// The files stay open between ticks ([`KeptFile`]).
     fn flush(&mut self) -> Result<(), CollectError> {
         let mut stale = false;
-        for f in &self.flush_files {
-            match cgroupfs::read_to_flush(f) {
-                Ok(_) => {}
+        for f in &mut self.flush_files {
+            match f.read_to_flush() {
+                Ok(()) => {}
                 Err(e) if e.is_not_found() => stale = true,
                 Err(e) => return Err(e.into()),
             }
@@ -534,8 +584,8 @@ impl EbpfCollector {
         if stale {
             self.refresh_flush_files()?;
         }
-        match cgroupfs::read_to_flush(&self.memory_flush) {
-            Ok(_) => Ok(()),
+        match self.memory_flush.read_to_flush() {
+            Ok(()) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e.into()),
         }
@@ -1017,7 +1067,10 @@ impl EbpfCollector {
             .count() as u64;
         self.records = records;
         self.mem_records = mrecs;
-        let node = node_totals(&self.scope.layout, root_inactive)?;
+        if self.flush_files_stale(&self.records) {
+            self.refresh_flush_files()?;
+        }
+        let node = self.node.read(root_inactive)?;
         if let Some(root) = out.iter_mut().find(|c| &*c.path == "/") {
             root.cpu = Some(node.cpu);
         }

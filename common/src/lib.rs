@@ -60,7 +60,8 @@ pub struct CgroupRecord {
     pub parent_id: u64,
     /// Depth in the hierarchy (root = 0).
     pub level: u64,
-    /// Hierarchical CPU time, nanoseconds (v2 base stat; 0 on v1 hierarchies).
+    /// Hierarchical CPU time, nanoseconds (v2 base stat; 0 on v1 hierarchies, and not read
+    /// in region 1, the v1 memory hierarchy of a hybrid node: see [`WalkEnd::region`]).
     pub cpu_usage_ns: u64,
     /// Memory page counter, pages.
     pub memory_usage_pages: u64,

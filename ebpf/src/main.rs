@@ -199,19 +199,24 @@ pub extern "C" fn cgroup_stats(ctx: *const IterCgroupCtx) -> i32 {
         name_key: rec.name_key,
         truncated: rec.flags & FLAG_NAME_TRUNCATED,
     };
-    rec.version = RECORD_VERSION;
-    rec.flags = 0;
-    rec.session = meta.session_id;
-    rec.id = 0;
-    rec.parent_id = 0;
-    rec.level = 0;
-    rec.cpu_usage_ns = 0;
-    rec.memory_usage_pages = 0;
-    rec.inactive_file_pages = 0;
-    rec.anon_pages = 0;
-    rec.swap_counter_pages = 0;
-    rec.name_key = 0;
-    if fill(cgrp, rec, &previous).is_err() {
+    // One store per field: plain assignments of zeros to neighbouring fields are merged
+    // by the compiler into a `memset` call, which for BPF is a byte-at-a-time loop.
+    unsafe {
+        use core::ptr::write_volatile as w;
+        w(&raw mut rec.version, RECORD_VERSION);
+        w(&raw mut rec.flags, 0);
+        w(&raw mut rec.session, meta.session_id);
+        w(&raw mut rec.id, 0);
+        w(&raw mut rec.parent_id, 0);
+        w(&raw mut rec.level, 0);
+        w(&raw mut rec.cpu_usage_ns, 0);
+        w(&raw mut rec.memory_usage_pages, 0);
+        w(&raw mut rec.inactive_file_pages, 0);
+        w(&raw mut rec.anon_pages, 0);
+        w(&raw mut rec.swap_counter_pages, 0);
+        w(&raw mut rec.name_key, 0);
+    }
+    if fill(cgrp, rec, &previous, region == 0).is_err() {
         rec.flags |= FLAG_READ_ERROR;
     }
     0
@@ -241,7 +246,9 @@ struct Previous {
 }
 
 #[inline(always)]
-fn fill(cgrp: u64, rec: &mut CgroupRecord, previous: &Previous) -> Result<(), i32> {
+/// `with_cpu`: read the CPU counter (not in region 1: a v1 hierarchy has none, so the load
+/// would only cost a cache miss per cgroup).
+fn fill(cgrp: u64, rec: &mut CgroupRecord, previous: &Previous, with_cpu: bool) -> Result<(), i32> {
     unsafe {
         // Along BTF-typed pointers: direct loads (see `load_u64`).
         let kn = load_u64(cgrp, global(&OFF_CGROUP_KN));
@@ -274,7 +281,9 @@ fn fill(cgrp: u64, rec: &mut CgroupRecord, previous: &Previous) -> Result<(), i3
             }
             rec.parent_id = load_u64(pkn, global(&OFF_KN_ID));
         }
-        rec.cpu_usage_ns = load_u64(cgrp, global(&OFF_CGROUP_CPU));
+        if with_cpu {
+            rec.cpu_usage_ns = load_u64(cgrp, global(&OFF_CGROUP_CPU));
+        }
 
         // `struct mem_cgroup` starts with its css; BTF types the pointer as a css, so
         // the memcg's own members are read with the helper.

@@ -70,6 +70,7 @@ fn main() {
             layout: layout.clone(),
             root: format!("/{parent}"),
             max_cgroups: 100_000,
+            signals: Default::default(),
         };
         let mut ebpf = EbpfCollector::new(scope.clone(), None).expect("eBPF collector");
         let mut fs = CgroupfsCollector::new(scope);
@@ -289,6 +290,7 @@ fn accuracy_vs_sched(layout: &Layout, _object: &[u8], sched: &SchedSwitch) {
         layout: layout.clone(),
         root: format!("/{parent}"),
         max_cgroups: 10,
+        signals: Default::default(),
     };
     let mut ebpf = EbpfCollector::new(scope, None).expect("collector");
     let path = format!("/{parent}");

@@ -952,6 +952,8 @@ mod tests {
                 sample::Bytes(100),
                 sample::Bytes(10),
             )),
+            pressure: None,
+            throttling: None,
         }
     }
 

@@ -8,7 +8,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::sample::{Bytes, CpuNanos, Memory};
+use crate::sample::{Bytes, CpuNanos, Memory, Pressure, Throttling};
 
 /// Errors reading cgroupfs/procfs.
 #[derive(Debug, thiserror::Error)]
@@ -181,6 +181,70 @@ pub fn parse_cpu_stat_usage(path: &Path, text: &str) -> Result<CpuNanos, FsError
     Ok(CpuNanos(
         need_key(path, text, "usage_usec")?.saturating_mul(1000),
     ))
+}
+
+/// The `some` line's `total=` (µs) of a pressure file's text (`cpu.pressure`,
+/// `memory.pressure`), as nanoseconds.
+pub fn parse_pressure_some(path: &Path, text: &str) -> Result<u64, FsError> {
+    text.lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix("some ")?;
+            rest.split_whitespace()
+                .find_map(|f| f.strip_prefix("total="))?
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|us| us.saturating_mul(1000))
+        .ok_or_else(|| FsError::Parse {
+            path: path.to_path_buf(),
+            reason: "no `some … total=`".into(),
+        })
+}
+
+/// Pressure stall totals of a cgroup v2 directory; `Ok(None)` when it has no pressure
+/// files (PSI off in the kernel, or `cgroup.pressure` 0 for it).
+pub fn pressure(dir: &Path) -> Result<Option<Pressure>, FsError> {
+    let some = |name: &str| -> Result<Option<u64>, FsError> {
+        let path = dir.join(name);
+        match read(&path) {
+            Ok(text) => parse_pressure_some(&path, &text).map(Some),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    };
+    Ok(match (some("cpu.pressure")?, some("memory.pressure")?) {
+        (Some(cpu_some_ns), Some(memory_some_ns)) => Some(Pressure {
+            cpu_some_ns,
+            memory_some_ns,
+        }),
+        _ => None,
+    })
+}
+
+/// CFS bandwidth counters of a cgroup directory with the `cpu` controller: v2 (`cpu.max`,
+/// `cpu.stat`) or v1 (`cpu.cfs_quota_us`, `cpu.stat`). `Ok(None)` when it has no quota, or
+/// no `cpu` controller (no such files).
+pub fn throttling(dir: &Path, v2: bool) -> Result<Option<Throttling>, FsError> {
+    let (quota_file, unlimited) = if v2 {
+        ("cpu.max", "max")
+    } else {
+        ("cpu.cfs_quota_us", "-1")
+    };
+    let quota_path = dir.join(quota_file);
+    let quota = match read(&quota_path) {
+        Ok(q) => q,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if quota.split_whitespace().next() == Some(unlimited) {
+        return Ok(None);
+    }
+    let path = dir.join("cpu.stat");
+    let text = read(&path)?;
+    Ok(Some(Throttling {
+        periods: need_key(&path, &text, "nr_periods")?,
+        throttled: need_key(&path, &text, "nr_throttled")?,
+    }))
 }
 
 /// v1 `cpuacct.usage`, nanoseconds.
@@ -405,6 +469,46 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn pressure_totals() {
+        let text = "some avg10=0.00 avg60=0.12 avg300=0.03 total=12345\n\
+                    full avg10=0.00 avg60=0.00 avg300=0.00 total=99\n";
+        let p = Path::new("cpu.pressure");
+        assert_eq!(parse_pressure_some(p, text).expect("some"), 12_345_000);
+        assert!(parse_pressure_some(p, "full avg10=0.00 total=1\n").is_err());
+        assert!(parse_pressure_some(p, "some avg10=0.00 total=x\n").is_err());
+        assert!(parse_pressure_some(p, "").is_err());
+    }
+
+    #[test]
+    fn throttling_only_with_a_quota() {
+        let dir = std::env::temp_dir().join(format!("kpulse-cfs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let stat = "usage_usec 10\nnr_periods 7\nnr_throttled 3\nthrottled_usec 5\n";
+        std::fs::write(dir.join("cpu.stat"), stat).expect("write");
+        std::fs::write(dir.join("cpu.max"), "max 100000\n").expect("write");
+        assert_eq!(throttling(&dir, true).expect("read"), None);
+        std::fs::write(dir.join("cpu.max"), "50000 100000\n").expect("write");
+        assert_eq!(
+            throttling(&dir, true).expect("read"),
+            Some(Throttling {
+                periods: 7,
+                throttled: 3
+            })
+        );
+        std::fs::write(dir.join("cpu.cfs_quota_us"), "-1\n").expect("write");
+        assert_eq!(throttling(&dir, false).expect("read"), None);
+        std::fs::write(dir.join("cpu.cfs_quota_us"), "50000\n").expect("write");
+        assert!(throttling(&dir, false).expect("read").is_some());
+        std::fs::write(dir.join("cpu.stat"), "nr_periods 7\n").expect("write");
+        assert!(
+            throttling(&dir, false).is_err(),
+            "a quota without nr_throttled"
+        );
+        std::fs::remove_dir_all(&dir).expect("clean up");
+        assert_eq!(throttling(&dir, true).expect("gone"), None);
+    }
 
     #[test]
     fn flat_keys() {

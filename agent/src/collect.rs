@@ -9,14 +9,18 @@ use std::{os::unix::fs::MetadataExt, path::Path, sync::Arc};
 use foldhash::{HashMap, HashMapExt as _};
 
 use kpulse_common::{
-    CgroupRecord, FLAG_MEMCG, FLAG_NAME_KEPT, FLAG_NAME_TRUNCATED, FLAG_READ_ERROR,
+    CgroupRecord, FLAG_CFS, FLAG_CFS_QUOTA, FLAG_MEMCG, FLAG_NAME_KEPT, FLAG_NAME_TRUNCATED,
+    FLAG_PSI, FLAG_READ_ERROR,
 };
 
 use crate::{
     cgroupfs::{self, FsError, KeptFile},
     layout::Layout,
-    probe::{CgroupIter, IterLink, ProbeError},
-    sample::{self, Bytes, CgroupId, CgroupSample, CpuNanos, Memory, NodeSample, Snapshot, Source},
+    probe::{CgroupIter, ExtraRegions, IterLink, ProbeError},
+    sample::{
+        self, Bytes, CgroupId, CgroupSample, CpuNanos, Memory, NodeSample, Pressure, Snapshot,
+        Source, Throttling,
+    },
 };
 
 /// Errors of one cycle.
@@ -39,7 +43,11 @@ pub struct Scope {
     pub root: String,
     /// Upper bound on cgroups per cycle; more are dropped and counted.
     pub max_cgroups: usize,
+    /// What to read besides CPU and memory.
+    pub signals: Signals,
 }
+
+pub use crate::probe::Signals;
 
 impl Scope {
     /// Checks that the subtree exists in every hierarchy the layout reads from: a missing
@@ -261,11 +269,18 @@ impl Collector for CgroupfsCollector {
                 },
                 _ => None,
             };
+            let (pressure, throttling) = match fs_signals(s, &d.rel, &d.abs) {
+                Ok(x) => x,
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            };
             out.push(CgroupSample {
                 path: d.rel.as_str().into(),
                 id: CgroupId(d.ino),
                 cpu,
                 memory,
+                pressure,
+                throttling,
             });
         }
         if let Layout::Hybrid { memory, .. } = &s.layout {
@@ -292,6 +307,8 @@ impl Collector for CgroupfsCollector {
                         id: CgroupId(d.ino),
                         cpu: None,
                         memory: Some(m),
+                        pressure: None,
+                        throttling: None,
                     }),
                     None => dropped += 1,
                 }
@@ -307,6 +324,33 @@ impl Collector for CgroupfsCollector {
     }
 }
 
+/// The cgroupfs collector's [`Signals`] for the cgroup at `rel` (its directory `abs` on the
+/// CPU hierarchy, the cgroup2 mount): pressure from that directory, throttling from the
+/// hierarchy carrying the `cpu` controller (the v1 one on a hybrid node). Not for the
+/// hierarchy root, whose files are system-wide or absent.
+fn fs_signals(
+    s: &Scope,
+    rel: &str,
+    abs: &Path,
+) -> Result<(Option<Pressure>, Option<Throttling>), FsError> {
+    if rel == "/" {
+        return Ok((None, None));
+    }
+    let pressure = if s.signals.pressure {
+        cgroupfs::pressure(abs)?
+    } else {
+        None
+    };
+    let throttling = match s.layout.cfs_mount() {
+        Some(mount) if s.signals.throttling => {
+            let v2 = matches!(s.layout, Layout::Unified { .. });
+            cgroupfs::throttling(&cgroupfs::join_rel(mount, rel), v2)?
+        }
+        _ => None,
+    };
+    Ok((pressure, throttling))
+}
+
 /// Runs the `cgroup_stats` iterator over the CPU hierarchy (and, on hybrid nodes, the
 /// v1 memory hierarchy) once per cycle.
 #[derive(Debug)]
@@ -318,6 +362,11 @@ pub struct EbpfCollector {
     page: u64,
     records: Vec<CgroupRecord>,
     mem_records: Vec<CgroupRecord>,
+    /// Hybrid, with CFS counters asked for: the v1 `cpu` hierarchy's link, records and
+    /// paths.
+    cfs_link: Option<IterLink>,
+    cfs_records: Vec<CgroupRecord>,
+    cfs_paths: PathCache,
     cpu_paths: PathCache,
     mem_paths: PathCache,
     /// `cpu.stat` files whose read flushes the subtree's CPU statistics.
@@ -363,12 +412,24 @@ impl EbpfCollector {
     ) -> Result<EbpfCollector, CollectError> {
         let bytes = crate::probe::object_bytes(object)?;
         let cap = u32::try_from(scope.max_cgroups).unwrap_or(u32::MAX);
-        // A hybrid node's memory hierarchy gets a region of records of its own.
-        let second_region = match &scope.layout {
-            Layout::Hybrid { .. } => memory_hierarchy_id(),
-            Layout::Unified { .. } => None,
+        // A hybrid node's memory hierarchy gets a region of records of its own, and so does
+        // its v1 `cpu` hierarchy when CFS counters are asked for (its cgroups hold them).
+        let proc_cgroups = std::fs::read_to_string("/proc/cgroups").unwrap_or_default();
+        let extra = match &scope.layout {
+            Layout::Hybrid { cpu, .. } => {
+                let memory = parse_hierarchy_id(&proc_cgroups, "memory");
+                let cfs = match (scope.signals.throttling, cpu) {
+                    (true, Some(_)) => parse_hierarchy_id(&proc_cgroups, "cpu").filter(|h| {
+                        // The cpu controller mounted with memory: nothing more to walk.
+                        Some(*h) != memory
+                    }),
+                    _ => None,
+                };
+                ExtraRegions { memory, cfs }
+            }
+            Layout::Unified { .. } => ExtraRegions::default(),
         };
-        let iter = CgroupIter::load_with(&bytes, cap, layout, second_region)?;
+        let iter = CgroupIter::load_with(&bytes, cap, layout, extra, scope.signals)?;
         let cpu_root = cgroupfs::join_rel(scope.layout.cpu_mount(), &scope.root);
         let cpu_link = iter.link(&cpu_root)?;
         let mem_link = match &scope.layout {
@@ -377,17 +438,39 @@ impl EbpfCollector {
             }
             Layout::Unified { .. } => None,
         };
+        // Throttling is an addition: without the scope root in the v1 `cpu` hierarchy there
+        // are no CFS counters, not no collector.
+        let cfs_link = match (&scope.layout, extra.cfs) {
+            (Layout::Hybrid { cpu: Some(cpu), .. }, Some(_)) => {
+                let root = cgroupfs::join_rel(cpu, &scope.root);
+                match iter.link(&root) {
+                    Ok(l) => Some(l),
+                    Err(e) => {
+                        tracing::warn!(
+                            root = %root.display(),
+                            error = %kpulse_process::error_chain(&e),
+                            "no CFS throttling counters: cannot walk the v1 cpu hierarchy"
+                        );
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         let mut c = EbpfCollector {
             node: NodeFiles::new(&scope.layout),
             scope,
             iter,
             cpu_link,
             mem_link,
+            cfs_link,
             page: crate::probe::page_size(),
             records: Vec::new(),
             mem_records: Vec::new(),
+            cfs_records: Vec::new(),
             cpu_paths: PathCache::default(),
             mem_paths: PathCache::default(),
+            cfs_paths: PathCache::default(),
             flush_files: Vec::new(),
             memory_flush: KeptFile::new(std::path::PathBuf::new()),
             links: LinkEvents::default(),
@@ -417,6 +500,7 @@ impl EbpfCollector {
     pub fn link_ids(&self) -> Vec<u32> {
         std::iter::once(&self.cpu_link)
             .chain(self.mem_link.as_ref())
+            .chain(self.cfs_link.as_ref())
             .map(IterLink::id)
             .collect()
     }
@@ -859,12 +943,6 @@ impl PathCache {
     }
 }
 
-/// The hierarchy id of the v1 memory controller (`/proc/cgroups`), if it has one.
-fn memory_hierarchy_id() -> Option<u32> {
-    let text = std::fs::read_to_string("/proc/cgroups").ok()?;
-    parse_hierarchy_id(&text, "memory")
-}
-
 /// The `hierarchy` column of `controller`'s line of `/proc/cgroups`; `None` when the
 /// controller is on the default hierarchy (0) or absent.
 fn parse_hierarchy_id(proc_cgroups: &str, controller: &str) -> Option<u32> {
@@ -922,7 +1000,8 @@ impl Collector for EbpfCollector {
 
     fn stats(&self) -> CollectorStats {
         CollectorStats {
-            walk_records: (self.records.len() + self.mem_records.len()) as u64,
+            walk_records: (self.records.len() + self.mem_records.len() + self.cfs_records.len())
+                as u64,
             path_cache_entries: (self.cpu_paths.len() + self.mem_paths.len()) as u64,
             walk_names_copied: self.names_copied,
             ..self.links.stats
@@ -983,11 +1062,18 @@ impl EbpfCollector {
             } else {
                 self.memory_of(r)
             };
+            let (pressure, throttling) = if hierarchy_root {
+                (None, None)
+            } else {
+                record_signals(r)
+            };
             out.push(CgroupSample {
                 path,
                 id: CgroupId(r.id),
                 cpu,
                 memory,
+                pressure,
+                throttling,
             });
         }
         let mut mrecs = std::mem::take(&mut self.mem_records);
@@ -1050,6 +1136,8 @@ impl EbpfCollector {
                             id: CgroupId(r.id),
                             cpu: None,
                             memory: m,
+                            pressure: None,
+                            throttling: None,
                         });
                     }
                     None => {
@@ -1060,13 +1148,42 @@ impl EbpfCollector {
             }
             self.mem_partners = partners;
         }
+        let mut crecs = std::mem::take(&mut self.cfs_records);
+        if let Some(link) = self.cfs_link.as_mut() {
+            match walk_live(&mut self.iter, link, &mut crecs, &mut self.links) {
+                Ok(stats) => dropped += stats.dropped,
+                Err(e) => {
+                    crecs.clear();
+                    self.cfs_records = crecs;
+                    self.mem_records = mrecs;
+                    self.records = records;
+                    return Err(e);
+                }
+            }
+            let cfs_mount = self.scope.layout.cfs_mount().unwrap_or(Path::new("/"));
+            let cfs_paths = self.cfs_paths.resolve(&crecs, &root_rel, cfs_mount);
+            // The counters go to the CPU hierarchy's samples of the same path; a cgroup only
+            // the v1 `cpu` hierarchy has is not reported.
+            let index: HashMap<&str, usize> =
+                out.iter().enumerate().map(|(i, c)| (&*c.path, i)).collect();
+            let found: Vec<(usize, Option<Throttling>)> = cfs_paths
+                .iter()
+                .filter(|(path, _)| &**path != "/")
+                .filter_map(|(path, r)| Some((*index.get(&**path)?, record_signals(r).1)))
+                .collect();
+            for (i, t) in found {
+                out[i].throttling = t;
+            }
+        }
         self.names_copied = records
             .iter()
             .chain(&mrecs)
+            .chain(&crecs)
             .filter(|r| r.flags & (FLAG_NAME_KEPT | FLAG_READ_ERROR) == 0)
             .count() as u64;
         self.records = records;
         self.mem_records = mrecs;
+        self.cfs_records = crecs;
         if self.flush_files_stale(&self.records) {
             self.refresh_flush_files()?;
         }
@@ -1085,6 +1202,20 @@ impl EbpfCollector {
             dropped,
         })
     }
+}
+
+/// A walk record's [`Signals`], as its flags say they were read.
+fn record_signals(r: &CgroupRecord) -> (Option<Pressure>, Option<Throttling>) {
+    let pressure = (r.flags & FLAG_PSI != 0).then_some(Pressure {
+        cpu_some_ns: r.psi_cpu_some_ns,
+        memory_some_ns: r.psi_memory_some_ns,
+    });
+    let throttling =
+        (r.flags & FLAG_CFS != 0 && r.flags & FLAG_CFS_QUOTA != 0).then_some(Throttling {
+            periods: r.cfs_periods,
+            throttled: r.cfs_throttled,
+        });
+    (pressure, throttling)
 }
 
 /// Consecutive ticks of interference or eBPF failure after which [`AutoCollector`] falls
@@ -1253,6 +1384,10 @@ mod tests {
             inactive_file_pages: 0,
             anon_pages: 0,
             swap_counter_pages: 0,
+            psi_cpu_some_ns: 0,
+            psi_memory_some_ns: 0,
+            cfs_periods: 0,
+            cfs_throttled: 0,
             // As the kernel's: another name is another string (FNV-1a of the name here).
             name_key: name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
                 (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
@@ -1275,6 +1410,8 @@ mod tests {
             id: CgroupId(id),
             cpu: Some(CpuNanos(cpu)),
             memory: None,
+            pressure: None,
+            throttling: None,
         };
         // Last eBPF values (ns); cgroup 3 is gone afterwards.
         let mut floors: HashMap<u64, u64> = [(1, 1_234_567), (2, 5_000_400), (3, 7)]

@@ -181,9 +181,14 @@ pub struct CollectArgs {
     /// Load the eBPF object from this file instead of the embedded one.
     #[arg(long, env = "KPULSE_EBPF_OBJECT")]
     pub ebpf_object: Option<PathBuf>,
-    /// Upper bound on cgroups reported per tick (sizes the eBPF record map: 216 bytes each).
+    /// Upper bound on cgroups reported per tick (sizes the eBPF record map: 248 bytes each).
     #[arg(long, env = "KPULSE_MAX_CGROUPS", default_value_t = 16_384)]
     pub max_cgroups: usize,
+    /// Also collect the signals `custom.metrics.k8s.io` serves: each cgroup's pressure stall
+    /// totals (PSI, cgroup v2) and CFS throttling counters. Off by default; the
+    /// `custom-metrics` overlay turns it on.
+    #[arg(long, env = "KPULSE_CUSTOM_METRICS")]
+    pub custom_metrics: bool,
 }
 
 /// `dump` flags.

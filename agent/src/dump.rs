@@ -37,6 +37,18 @@ pub struct CgroupLine<'a> {
     /// Swap, bytes: on nodes with swap only (as the agent sends it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_swap_bytes: Option<u64>,
+    /// PSI `some` totals, ns (`--custom-metrics`; cgroup v2 with PSI on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pressure_cpu_some_ns: Option<u64>,
+    /// See `pressure_cpu_some_ns`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pressure_memory_some_ns: Option<u64>,
+    /// CFS periods with runnable tasks (`--custom-metrics`; cgroups with a CPU quota).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cfs_periods: Option<u64>,
+    /// Of those, periods throttled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cfs_throttled_periods: Option<u64>,
     /// Kubernetes attribution from the path, when it is a kubepods cgroup.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<serde_json::Value>,
@@ -77,6 +89,10 @@ pub fn cgroup_line<'a>(snap: &Snapshot, c: &'a CgroupSample) -> CgroupLine<'a> {
             .swap
             .and(c.memory.and_then(|m| m.swap))
             .map(|b| b.0),
+        pressure_cpu_some_ns: c.pressure.map(|p| p.cpu_some_ns),
+        pressure_memory_some_ns: c.pressure.map(|p| p.memory_some_ns),
+        cfs_periods: c.throttling.map(|t| t.periods),
+        cfs_throttled_periods: c.throttling.map(|t| t.throttled),
         kubernetes: attribution_json(&c.path),
     }
 }
@@ -195,6 +211,8 @@ mod tests {
                 memory: Some(
                     Memory::from_raw(Bytes(300), Bytes(100), Bytes(50)).with_swap(Some(Bytes(8))),
                 ),
+                pressure: None,
+                throttling: None,
             }],
             node: NodeSample {
                 cpu: CpuNanos(5),
@@ -239,6 +257,23 @@ mod tests {
             .collect();
         assert_eq!(lines[0]["memory_swap_bytes"], 8);
         assert_eq!(lines[1]["memory_swap_bytes"], 4096);
+        // Signals only where collected (`--custom-metrics`).
+        assert!(c.get("pressure_cpu_some_ns").is_none() && c.get("cfs_periods").is_none());
+        let mut with_signals = with_swap;
+        with_signals.cgroups[0].pressure = Some(crate::sample::Pressure {
+            cpu_some_ns: 11,
+            memory_some_ns: 12,
+        });
+        with_signals.cgroups[0].throttling = Some(crate::sample::Throttling {
+            periods: 13,
+            throttled: 14,
+        });
+        let line = serde_json::to_value(cgroup_line(&with_signals, &with_signals.cgroups[0]))
+            .expect("json");
+        assert_eq!(line["pressure_cpu_some_ns"], 11);
+        assert_eq!(line["pressure_memory_some_ns"], 12);
+        assert_eq!(line["cfs_periods"], 13);
+        assert_eq!(line["cfs_throttled_periods"], 14);
     }
 
     #[test]

@@ -67,6 +67,42 @@ pub struct KernelLayout {
     pub cgroup_root: u64,
     /// `struct cgroup_root` → `hierarchy_id`.
     pub root_hierarchy_id: u64,
+    /// Pressure stall information, where the kernel has it (`CONFIG_PSI`).
+    pub psi: Option<PsiLayout>,
+    /// CFS bandwidth control, where the kernel has it (`CONFIG_CFS_BANDWIDTH`).
+    pub cfs: Option<CfsLayout>,
+}
+
+/// Where a cgroup's pressure stall totals are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PsiLayout {
+    /// `struct cgroup` → `psi` (see [`Self::is_ptr`]).
+    pub cgroup_psi: u64,
+    /// 1 if `cgroup.psi` is a pointer (6.1+), 0 if embedded.
+    pub is_ptr: u64,
+    /// `struct psi_group` → `total[PSI_AVGS][PSI_CPU_SOME]` (ns; what `cpu.pressure`'s
+    /// `some … total=` prints, in µs).
+    pub cpu_some: u64,
+    /// `struct psi_group` → `total[PSI_AVGS][PSI_MEM_SOME]` (ns).
+    pub memory_some: u64,
+    /// `struct psi_group` → `enabled` (the cgroup's `cgroup.pressure`); `u64::MAX` where
+    /// the kernel has no such switch.
+    pub enabled: u64,
+}
+
+/// Where a cgroup's CFS bandwidth counters are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CfsLayout {
+    /// `struct cgroup` → `subsys[cpu_cgrp_id]` (a `struct task_group`, which starts with
+    /// its css).
+    pub cgroup_cpu_css: u64,
+    /// `struct task_group` → `cfs_bandwidth.quota` (ns per period; `RUNTIME_INF`, all
+    /// ones, when there is none).
+    pub quota: u64,
+    /// `struct task_group` → `cfs_bandwidth.nr_periods` (`int`).
+    pub nr_periods: u64,
+    /// `struct task_group` → `cfs_bandwidth.nr_throttled` (`int`).
+    pub nr_throttled: u64,
 }
 
 /// How `memcg_vmstats.state[]` is indexed on this kernel.
@@ -176,8 +212,68 @@ impl KernelLayout {
             vmstats_indexing: indexing,
             cgroup_root: k.member("cgroup", &["root"])?.0,
             root_hierarchy_id: k.member("cgroup_root", &["hierarchy_id"])?.0,
+            psi: optional("pressure stall information", psi_layout(&k)),
+            cfs: optional(
+                "CFS bandwidth counters",
+                cfs_layout(&k, subsys_off, subsys_elem),
+            ),
         })
     }
+}
+
+/// A part of the layout only some kernels have: `None`, with the reason logged, where the
+/// kernel lacks it (the signals it carries are then absent, not zero).
+fn optional<T>(what: &str, part: Result<T, LayoutError>) -> Option<T> {
+    part.map_err(|e| tracing::warn!(error = %e, "{what} unavailable on this kernel"))
+        .ok()
+}
+
+fn psi_layout(k: &Kbtf<'_>) -> Result<PsiLayout, LayoutError> {
+    let (cgroup_psi, psi_ty) = k.member("cgroup", &["psi"])?;
+    // `u64 total[NR_PSI_AGGREGATORS][NR_PSI_STATES - 1]`: the row of the averaging
+    // aggregator is what the files print and the kernel's 2 s work brings up to date.
+    let aggregators = k.enum_value("psi_aggregators", "NR_PSI_AGGREGATORS")?;
+    let (total_off, row_len, elem) = k.matrix_member("psi_group", "total", aggregators)?;
+    let states = k.enum_value("psi_states", "NR_PSI_STATES")?;
+    if row_len + 1 != states || elem != 8 {
+        return Err(LayoutError::Unexpected(format!(
+            "psi_group.total rows have {row_len} entries of {elem} bytes, NR_PSI_STATES is {states}"
+        )));
+    }
+    let avgs = k.enum_value("psi_aggregators", "PSI_AVGS")?;
+    let total = |state: &str| -> Result<u64, LayoutError> {
+        let state = k.enum_value("psi_states", state)?;
+        Ok(total_off + (avgs * row_len + state) * elem)
+    };
+    Ok(PsiLayout {
+        cgroup_psi,
+        is_ptr: u64::from(matches!(psi_ty, Type::Ptr(_))),
+        cpu_some: total("PSI_CPU_SOME")?,
+        memory_some: total("PSI_MEM_SOME")?,
+        enabled: k
+            .member("psi_group", &["enabled"])
+            .map_or(u64::MAX, |(off, _)| off),
+    })
+}
+
+fn cfs_layout(k: &Kbtf<'_>, subsys_off: u64, subsys_elem: u64) -> Result<CfsLayout, LayoutError> {
+    let cpu_id = k.enum_value("cgroup_subsys_id", "cpu_cgrp_id")?;
+    let nr_periods = k.member("task_group", &["cfs_bandwidth", "nr_periods"])?.0;
+    let nr_throttled = k
+        .member("task_group", &["cfs_bandwidth", "nr_throttled"])?
+        .0;
+    // The walk reads both with one 8-byte read.
+    if nr_throttled != nr_periods + 4 || !nr_periods.is_multiple_of(4) {
+        return Err(LayoutError::Unexpected(format!(
+            "cfs_bandwidth.nr_periods ({nr_periods}) and .nr_throttled ({nr_throttled}) are not adjacent ints"
+        )));
+    }
+    Ok(CfsLayout {
+        cgroup_cpu_css: subsys_off + cpu_id * subsys_elem,
+        quota: k.member("task_group", &["cfs_bandwidth", "quota"])?.0,
+        nr_periods,
+        nr_throttled,
+    })
 }
 
 /// Small lookups over btf-rs.
@@ -306,6 +402,47 @@ impl Kbtf<'_> {
         Ok((off, size))
     }
 
+    /// Offset of a two-dimensional array member of `rows` rows, the length of its rows and
+    /// the byte size of one element. BTF may give it as an array of arrays or, as pahole
+    /// encodes the kernel's, flattened into one array of `rows × row length` elements.
+    fn matrix_member(
+        &self,
+        s: &str,
+        field: &str,
+        rows: u64,
+    ) -> Result<(u64, u64, u64), LayoutError> {
+        let (off, t) = self.member(s, &[field])?;
+        let not = || LayoutError::Unexpected(format!("{s}.{field} is not an array of integers"));
+        let Type::Array(outer) = t else {
+            return Err(not());
+        };
+        let (row_len, elem) = match self.strip(self.chained(&outer)?)? {
+            Type::Array(row) => {
+                if outer.len() as u64 != rows {
+                    return Err(LayoutError::Unexpected(format!(
+                        "{s}.{field} has {} rows, not {rows}",
+                        outer.len()
+                    )));
+                }
+                (row.len() as u64, self.strip(self.chained(&row)?)?)
+            }
+            e @ Type::Int(_) => {
+                let len = outer.len() as u64;
+                if rows == 0 || !len.is_multiple_of(rows) {
+                    return Err(LayoutError::Unexpected(format!(
+                        "{s}.{field} has {len} elements, not {rows} equal rows"
+                    )));
+                }
+                (len / rows, e)
+            }
+            _ => return Err(not()),
+        };
+        let Type::Int(i) = elem else {
+            return Err(not());
+        };
+        Ok((off, row_len, i.size() as u64))
+    }
+
     fn array_len(&self, s: &str, field: &str) -> Result<u64, LayoutError> {
         match self.member(s, &[field])?.1 {
             Type::Array(a) => Ok(a.len() as u64),
@@ -359,6 +496,15 @@ mod tests {
         assert!(l.vmstats_anon > l.vmstats_inactive_file);
         // The swap counter follows the memory counter (`struct page_counter` apart).
         assert!(l.memcg_swap > l.memcg_usage, "{l:?}");
+        // cpu some and memory some are two apart in a row (some and full of each resource).
+        if Path::new("/proc/pressure/cpu").exists() {
+            let psi = l.psi.expect("PSI layout");
+            assert_eq!(psi.cpu_some - psi.memory_some, 16, "{l:?}");
+        }
+        if let Some(cfs) = l.cfs {
+            assert_eq!(cfs.nr_throttled - cfs.nr_periods, 4, "{l:?}");
+        }
+        println!("{l:?}");
     }
 
     #[test]

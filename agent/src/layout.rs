@@ -45,6 +45,9 @@ pub enum Layout {
         cpuacct: PathBuf,
         /// The v1 hierarchy carrying `memory`.
         memory: PathBuf,
+        /// The v1 hierarchy carrying `cpu` (CFS bandwidth control), often the `cpuacct`
+        /// one; `None` when it is not mounted.
+        cpu: Option<PathBuf>,
     },
 }
 
@@ -73,6 +76,14 @@ impl Layout {
         }
     }
 
+    /// The hierarchy whose cgroups carry CFS bandwidth control (`cpu` controller), if any.
+    pub fn cfs_mount(&self) -> Option<&Path> {
+        match self {
+            Layout::Unified { mount } => Some(mount),
+            Layout::Hybrid { cpu, .. } => cpu.as_deref(),
+        }
+    }
+
     /// Detects the layout of the running system.
     pub fn detect() -> Result<Layout, LayoutError> {
         let path = PathBuf::from("/proc/self/mountinfo");
@@ -88,6 +99,7 @@ impl Layout {
         let mut unified: Option<(PathBuf, Vec<String>)> = None;
         let mut cpuacct: Option<PathBuf> = None;
         let mut memory: Option<PathBuf> = None;
+        let mut cpu: Option<PathBuf> = None;
         for line in text.lines() {
             let Some(m) = parse_mount_line(line) else {
                 continue;
@@ -118,6 +130,11 @@ impl Layout {
                     {
                         memory = Some(m.mount_point.clone());
                     }
+                    if opts.contains(&"cpu")
+                        && cpu.as_ref().is_none_or(|p| preferred(&m.mount_point, p))
+                    {
+                        cpu = Some(m.mount_point.clone());
+                    }
                 }
                 _ => {}
             }
@@ -127,6 +144,7 @@ impl Layout {
                 unified,
                 cpuacct,
                 memory,
+                cpu,
             }),
             (Some((mount, controllers)), None, None) => {
                 let has = |name: &str| controllers.iter().any(|c| c == name);
@@ -234,10 +252,12 @@ mod tests {
                 unified: "/sys/fs/cgroup/unified".into(),
                 cpuacct: "/sys/fs/cgroup/cpuacct".into(),
                 memory: "/sys/fs/cgroup/memory".into(),
+                cpu: Some("/sys/fs/cgroup/cpu".into()),
             }
         );
         assert_eq!(l.cpu_mount(), Path::new("/sys/fs/cgroup/unified"));
         assert_eq!(l.memory_mount(), Path::new("/sys/fs/cgroup/memory"));
+        assert_eq!(l.cfs_mount(), Some(Path::new("/sys/fs/cgroup/cpu")));
     }
 
     #[test]
@@ -254,8 +274,10 @@ mod tests {
                 unified: "/sys/fs/cgroup/unified".into(),
                 cpuacct: "/sys/fs/cgroup/cpu,cpuacct".into(),
                 memory: "/sys/fs/cgroup/memory".into(),
+                cpu: Some("/sys/fs/cgroup/cpu,cpuacct".into()),
             }
         );
+        assert_eq!(l.cfs_mount(), Some(Path::new("/sys/fs/cgroup/cpu,cpuacct")));
     }
 
     #[test]
@@ -274,6 +296,7 @@ mod tests {
                 unified: "/sys/fs/cgroup/unified".into(),
                 cpuacct: "/sys/fs/cgroup/cpuacct".into(),
                 memory: "/sys/fs/cgroup/memory".into(),
+                cpu: Some("/sys/fs/cgroup/cpu".into()),
             }
         );
     }

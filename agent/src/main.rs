@@ -53,6 +53,10 @@ fn collector(c: &CollectArgs) -> anyhow::Result<(Box<dyn Collector>, Layout)> {
         layout: layout.clone(),
         root: c.cgroup_root.clone(),
         max_cgroups: c.max_cgroups,
+        signals: collect::Signals {
+            pressure: c.custom_metrics,
+            throttling: c.custom_metrics,
+        },
     };
     let (collector, fallback) = collect::select(c.collector, scope, c.ebpf_object.as_deref())?;
     if let Some(reason) = fallback {

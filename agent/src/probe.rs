@@ -210,6 +210,7 @@ fn open_object(
     records: &RecordsLayout,
     births: u32,
     sched_cgroups: u32,
+    signals: &SignalGlobals,
 ) -> Result<Ebpf, ProbeError> {
     let mut loader = EbpfLoader::new();
     loader.btf(Some(btf));
@@ -220,10 +221,25 @@ fn open_object(
             globals::SECOND_REGION_HIERARCHY,
             &records.second_region_hierarchy,
             true,
+        )
+        .override_global(
+            globals::THIRD_REGION_HIERARCHY,
+            &records.third_region_hierarchy,
+            true,
         );
     loader.map_max_entries(BIRTHS_MAP, births);
     loader.map_max_entries(SCHED_MAP, sched_cgroups);
     loader_with_layout(&mut loader, layout);
+    loader
+        .override_global(globals::READ_SIGNALS, &signals.read, true)
+        .override_global(globals::CGROUP_PSI, &signals.cgroup_psi, true)
+        .override_global(globals::PSI_IS_PTR, &signals.psi_is_ptr, true)
+        .override_global(globals::PSI_CPU_SOME, &signals.psi_cpu_some, true)
+        .override_global(globals::PSI_MEMORY_SOME, &signals.psi_memory_some, true)
+        .override_global(globals::PSI_ENABLED, &signals.psi_enabled, true)
+        .override_global(globals::CGROUP_CPU_CSS, &signals.cgroup_cpu_css, true)
+        .override_global(globals::TG_QUOTA, &signals.tg_quota, true)
+        .override_global(globals::TG_NR_PERIODS, &signals.tg_nr_periods, true);
     Ok(loader.load(object)?)
 }
 
@@ -251,26 +267,104 @@ fn loader_with_layout<'a>(loader: &mut EbpfLoader<'a>, l: &'a KernelLayout) {
         .override_global(globals::ROOT_HIERARCHY_ID, &l.root_hierarchy_id, true);
 }
 
+/// Signals the walk reads besides CPU and memory, for `custom.metrics.k8s.io`: off unless
+/// asked for (they cost loads on every cgroup of every walk).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Signals {
+    /// PSI `some` totals of CPU and memory (cgroup v2 only).
+    pub pressure: bool,
+    /// CFS bandwidth counters of cgroups with a quota.
+    pub throttling: bool,
+}
+
+/// The values of the signal globals (see `kpulse_common::globals::READ_SIGNALS`): what the
+/// agent asked for and this kernel has, with the offsets to read it at.
+#[derive(Debug, Default)]
+struct SignalGlobals {
+    read: u64,
+    cgroup_psi: u64,
+    psi_is_ptr: u64,
+    psi_cpu_some: u64,
+    psi_memory_some: u64,
+    psi_enabled: u64,
+    cgroup_cpu_css: u64,
+    tg_quota: u64,
+    tg_nr_periods: u64,
+}
+
+impl SignalGlobals {
+    fn new(wanted: Signals, layout: &KernelLayout) -> SignalGlobals {
+        let mut g = SignalGlobals {
+            psi_enabled: u64::MAX,
+            ..SignalGlobals::default()
+        };
+        if wanted.pressure {
+            match layout.psi {
+                Some(_) if !Path::new(PROC_PRESSURE).exists() => tracing::warn!(
+                    "pressure stall information asked for, but PSI is off in this kernel \
+                     (no {PROC_PRESSURE}; boot with psi=1): no pressure figures"
+                ),
+                Some(p) => {
+                    g.read |= kpulse_common::READ_PSI;
+                    g.cgroup_psi = p.cgroup_psi;
+                    g.psi_is_ptr = p.is_ptr;
+                    g.psi_cpu_some = p.cpu_some;
+                    g.psi_memory_some = p.memory_some;
+                    g.psi_enabled = p.enabled;
+                }
+                // The reason was logged with the layout.
+                None => {}
+            }
+        }
+        if let (true, Some(c)) = (wanted.throttling, layout.cfs) {
+            g.read |= kpulse_common::READ_CFS;
+            g.cgroup_cpu_css = c.cgroup_cpu_css;
+            g.tg_quota = c.quota;
+            g.tg_nr_periods = c.nr_periods;
+        }
+        g
+    }
+}
+
+/// The v1 hierarchies of a hybrid node walked besides the CPU one, by hierarchy id: each
+/// gets a region of the records map of its own (see [`WalkEnd::region`]), so that every
+/// slot is rewritten by one hierarchy's walks and keeps its name between them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExtraRegions {
+    /// The `memory` hierarchy (region 1).
+    pub memory: Option<u32>,
+    /// The `cpu` hierarchy, walked for CFS counters (region 2; only with a memory one).
+    pub cfs: Option<u32>,
+}
+
+/// Present when the kernel keeps pressure stall information (`CONFIG_PSI` and not `psi=0`).
+const PROC_PRESSURE: &str = "/proc/pressure/cpu";
+
 /// The records map's regions, as the loader sets them (see [`WalkEnd::region`]).
 struct RecordsLayout {
     per_region: u64,
-    /// `u64::MAX`: one region.
+    /// `u64::MAX`: none.
     second_region_hierarchy: u64,
+    /// `u64::MAX`: none.
+    third_region_hierarchy: u64,
 }
 
 impl RecordsLayout {
-    fn new(max_cgroups: u32, second_region_hierarchy: Option<u32>) -> RecordsLayout {
+    fn new(max_cgroups: u32, extra: ExtraRegions) -> RecordsLayout {
         RecordsLayout {
             per_region: u64::from(max_cgroups.max(1)),
-            second_region_hierarchy: second_region_hierarchy.map_or(u64::MAX, u64::from),
+            second_region_hierarchy: extra.memory.map_or(u64::MAX, u64::from),
+            third_region_hierarchy: extra.cfs.map_or(u64::MAX, u64::from),
         }
     }
 
     fn regions(&self) -> u32 {
-        if self.second_region_hierarchy == u64::MAX {
-            1
-        } else {
+        if self.third_region_hierarchy != u64::MAX {
+            3
+        } else if self.second_region_hierarchy != u64::MAX {
             2
+        } else {
+            1
         }
     }
 
@@ -284,7 +378,13 @@ impl CgroupIter {
     /// room for `max_cgroups` records per walk. Every failure is a typed reason the caller
     /// can log before falling back.
     pub fn load(object: &[u8], max_cgroups: u32) -> Result<CgroupIter, ProbeError> {
-        Self::load_with(object, max_cgroups, None, None)
+        Self::load_with(
+            object,
+            max_cgroups,
+            None,
+            ExtraRegions::default(),
+            Signals::default(),
+        )
     }
 
     /// Like [`CgroupIter::load`] with offsets given by the caller (tests of the checks
@@ -294,18 +394,25 @@ impl CgroupIter {
         max_cgroups: u32,
         layout: KernelLayout,
     ) -> Result<CgroupIter, ProbeError> {
-        Self::load_with(object, max_cgroups, Some(layout), None)
+        Self::load_with(
+            object,
+            max_cgroups,
+            Some(layout),
+            ExtraRegions::default(),
+            Signals::default(),
+        )
     }
 
     /// The general form: offsets computed from the running kernel's BTF when `layout` is
-    /// `None`; walks of hierarchy `second_region_hierarchy` (a hybrid node's v1 memory
-    /// hierarchy, walked as well as the CPU one) write a region of their own, so that
-    /// every slot is rewritten by one hierarchy's walks and keeps its name between them.
+    /// `None`; walks of the `extra` hierarchies (a hybrid node's v1 ones, walked as well as
+    /// the CPU one) write regions of their own. The walk also reads the `signals` this
+    /// kernel has.
     pub fn load_with(
         object: &[u8],
         max_cgroups: u32,
         layout: Option<KernelLayout>,
-        second_region_hierarchy: Option<u32>,
+        extra: ExtraRegions,
+        signals: Signals,
     ) -> Result<CgroupIter, ProbeError> {
         let layout = match layout {
             Some(l) => l,
@@ -317,7 +424,8 @@ impl CgroupIter {
             }
         };
         let btf = Btf::from_sys_fs().map_err(|_| ProbeError::NoBtf)?;
-        let regions = RecordsLayout::new(max_cgroups, second_region_hierarchy);
+        let regions = RecordsLayout::new(max_cgroups, extra);
+        let signal_globals = SignalGlobals::new(signals, &layout);
         let mut ebpf = open_object(
             object,
             &btf,
@@ -325,6 +433,7 @@ impl CgroupIter {
             &regions,
             kpulse_common::BIRTHS_MAX,
             1,
+            &signal_globals,
         )?;
         let records = map_records(&ebpf, max_cgroups.max(1), regions.regions())?;
         let prog: &mut Iter = ebpf
@@ -740,9 +849,10 @@ impl SchedSwitch {
             object,
             &btf,
             &KernelLayout::default(),
-            &RecordsLayout::new(1, None),
+            &RecordsLayout::new(1, ExtraRegions::default()),
             1,
             kpulse_common::SCHED_MAX_CGROUPS,
+            &SignalGlobals::default(),
         )?;
         let prog: &mut BtfTracePoint = ebpf
             .program_mut("sched_switch")

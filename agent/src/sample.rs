@@ -59,6 +59,28 @@ impl Memory {
     }
 }
 
+/// Pressure stall totals of one cgroup (PSI `some`, cgroup v2): cumulative time in which at
+/// least one of its tasks waited for the resource. The kernel brings these totals up to
+/// date in its averaging work (every 2 s while the cgroup is active) and when the pressure
+/// files are read, so a total read by the eBPF walk lags by up to about 2 s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Pressure {
+    /// `cpu.pressure` `some total=`, nanoseconds.
+    pub cpu_some_ns: u64,
+    /// `memory.pressure` `some total=`, nanoseconds.
+    pub memory_some_ns: u64,
+}
+
+/// CFS bandwidth counters of one cgroup with a CPU quota (`cpu.stat`): the cgroup's own, not
+/// its subtree's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Throttling {
+    /// `nr_periods`: enforcement periods in which the cgroup had runnable tasks.
+    pub periods: u64,
+    /// `nr_throttled`: of those, periods in which it ran out of quota.
+    pub throttled: u64,
+}
+
 /// One cgroup at one instant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CgroupSample {
@@ -72,6 +94,11 @@ pub struct CgroupSample {
     pub cpu: Option<CpuNanos>,
     /// Memory; `None` when no memory controller covers the cgroup.
     pub memory: Option<Memory>,
+    /// Pressure stall totals; `None` unless asked for ([`crate::collect::Signals`]), and
+    /// where the kernel keeps none for the cgroup (PSI off, `cgroup.pressure` 0).
+    pub pressure: Option<Pressure>,
+    /// CFS bandwidth counters; `None` unless asked for, and for a cgroup without a quota.
+    pub throttling: Option<Throttling>,
 }
 
 /// Node totals, as kubelet reports them for the node.

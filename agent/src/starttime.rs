@@ -219,6 +219,8 @@ mod tests {
                     id: crate::sample::CgroupId(*id),
                     cpu: None,
                     memory: None,
+                    pressure: None,
+                    throttling: None,
                 })
                 .collect(),
             node: crate::sample::NodeSample {

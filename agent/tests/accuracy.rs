@@ -32,7 +32,7 @@ mod common;
 use common::TestCgroups;
 use kpulse_agent::{
     cgroupfs,
-    collect::{self, CgroupfsCollector, Collector, EbpfCollector, Mode, Scope},
+    collect::{self, CgroupfsCollector, Collector, EbpfCollector, Mode, Scope, Signals},
     layout::Layout,
     sample::{CgroupSample, Snapshot, Source},
 };
@@ -305,6 +305,153 @@ fn swap_figures(
     checks
 }
 
+/// The signals `custom.metrics.k8s.io` serves (`--custom-metrics`): each collector's PSI
+/// `some` totals and CFS counters of cgroup `throttled` (a busy loop under a 10 % CPU quota,
+/// so throttled every period and stalled for CPU), and the memory pressure of cgroup
+/// `swap` (after [`swap_figures`]), against the kernel's files read just before and just
+/// after the collection. A read of a pressure file brings the kernel's
+/// totals up to date, so the walk's totals lie between the two reads, as the counters do.
+/// Without `--custom-metrics` no collector reports them, and a cgroup without a quota has
+/// no throttling figure.
+fn signals_against_files(
+    layout: &Layout,
+    scope: &Scope,
+    cg: &mut TestCgroups,
+    parent: &str,
+    plain: &Snapshot,
+    failures: &mut Vec<String>,
+) -> usize {
+    let mut checks = 0;
+    let path = format!("/{parent}/throttled");
+    checks += 1;
+    if plain
+        .cgroups
+        .iter()
+        .any(|c| c.pressure.is_some() || c.throttling.is_some())
+    {
+        failures.push("signals reported without --custom-metrics".into());
+    }
+    // The quota, on the hierarchy carrying the cpu controller.
+    let Some(cfs_mount) = layout.cfs_mount().map(Path::to_path_buf) else {
+        failures.push(format!("no cpu controller hierarchy in {layout:?}"));
+        return checks;
+    };
+    let v2 = matches!(layout, Layout::Unified { .. });
+    let cfs_dir = cfs_mount.join(parent).join("throttled");
+    if !v2 {
+        for d in [cfs_mount.join(parent), cfs_dir.clone()] {
+            std::fs::create_dir(&d).unwrap_or_else(|e| panic!("mkdir {}: {e}", d.display()));
+            cg.dirs.push(d);
+        }
+        std::fs::write(cfs_dir.join("cpu.cfs_quota_us"), "10000").expect("v1 quota");
+    } else {
+        std::fs::write(cfs_dir.join("cpu.max"), "10000 100000").expect("v2 quota");
+    }
+    cg.spawn("spin", "throttled");
+    std::thread::sleep(Duration::from_millis(1500));
+    let psi_dir = |kid: &str| layout.cpu_mount().join(parent).join(kid);
+    let pressure = |kid: &str| {
+        cgroupfs::pressure(&psi_dir(kid))
+            .expect("pressure files")
+            .expect("PSI on")
+    };
+    let throttling = || {
+        cgroupfs::throttling(&cfs_dir, v2)
+            .expect("cpu.stat")
+            .expect("a quota")
+    };
+    let with = Scope {
+        signals: Signals {
+            pressure: true,
+            throttling: true,
+        },
+        ..scope.clone()
+    };
+    let mut ebpf =
+        EbpfCollector::new(with.clone(), object_override().as_deref()).expect("eBPF collector");
+    remember(&ebpf);
+    let mut fs = CgroupfsCollector::new(with);
+    for c in [&mut ebpf as &mut dyn Collector, &mut fs] {
+        let source = c.source();
+        // `throttled` for CPU pressure and throttling; `swap` (its memory pushed out to
+        // swap by `swap_figures`: reclaim is a memory stall) for memory pressure.
+        let (p0, t0, m0) = (pressure("throttled"), throttling(), pressure("swap"));
+        let snap = c.collect().expect("collect");
+        let (p1, t1, m1) = (pressure("throttled"), throttling(), pressure("swap"));
+        let got = find(&snap, &path);
+        let swap = find(&snap, &format!("/{parent}/swap"));
+        let pairs = [
+            (
+                "cpu some",
+                "throttled",
+                got.pressure.map(|p| p.cpu_some_ns),
+                p0.cpu_some_ns,
+                p1.cpu_some_ns,
+            ),
+            (
+                "memory some",
+                "throttled",
+                got.pressure.map(|p| p.memory_some_ns),
+                p0.memory_some_ns,
+                p1.memory_some_ns,
+            ),
+            (
+                "memory some",
+                "swap",
+                swap.pressure.map(|p| p.memory_some_ns),
+                m0.memory_some_ns,
+                m1.memory_some_ns,
+            ),
+            (
+                "periods",
+                "throttled",
+                got.throttling.map(|t| t.periods),
+                t0.periods,
+                t1.periods,
+            ),
+            (
+                "throttled",
+                "throttled",
+                got.throttling.map(|t| t.throttled),
+                t0.throttled,
+                t1.throttled,
+            ),
+        ];
+        for (what, kid, got, low, high) in pairs {
+            checks += 1;
+            println!(
+                "accuracy: {source:8} {what:11} {kid:9}: collector {got:?}, files {low} … {high}"
+            );
+            let Some(got) = got else {
+                failures.push(format!("{source} {what}: no figure for /{parent}/{kid}"));
+                continue;
+            };
+            let slack = |v: u64| (v as f64 * TOLERANCE) as u64;
+            if got + slack(low) < low || got > high + slack(high) {
+                failures.push(format!(
+                    "{source} {what} {kid}: collector {got}, files {low} … {high}"
+                ));
+            }
+        }
+        // Throttled every period, stalled waiting for CPU, and stalled in reclaim.
+        checks += 1;
+        if t1.throttled == 0 || p1.cpu_some_ns == 0 || m1.memory_some_ns == 0 {
+            failures.push(format!(
+                "no throttling, CPU or memory pressure to measure: {t1:?} {p1:?} {m1:?}"
+            ));
+        }
+        checks += 1;
+        let spin = find(&snap, &format!("/{parent}/spin"));
+        if spin.throttling.is_some() {
+            failures.push(format!(
+                "{source}: a throttling figure for a cgroup without a quota"
+            ));
+        }
+    }
+    drop(ebpf);
+    checks
+}
+
 /// A collector over a whole hierarchy flushes the CPU statistics through the top-level
 /// cgroups (the root's `cpu.stat` flushes nothing), so it must follow the top level: a
 /// top-level cgroup made after the collector started gets flushed from the tick after the
@@ -317,6 +464,7 @@ fn late_top_level_cgroup(layout: &Layout, failures: &mut Vec<String>) -> usize {
         layout: layout.clone(),
         root: "/".into(),
         max_cgroups: 100_000,
+        signals: Default::default(),
     };
     let mut ebpf = EbpfCollector::new(whole, object_override().as_deref()).expect("eBPF collector");
     remember(&ebpf);
@@ -408,7 +556,7 @@ fn run() -> usize {
     let mut cg = TestCgroups::create(
         &layout,
         &parent,
-        &["spin", "duty", "mem", "gone", "fresh", "swap"],
+        &["spin", "duty", "mem", "gone", "fresh", "swap", "throttled"],
     );
     cg.make_dying("gone");
     let pids = [
@@ -420,6 +568,7 @@ fn run() -> usize {
         layout: layout.clone(),
         root: format!("/{parent}"),
         max_cgroups: 1000,
+        signals: Default::default(),
     };
     let mut ebpf =
         EbpfCollector::new(scope.clone(), object_override().as_deref()).expect("eBPF collector");
@@ -576,10 +725,12 @@ fn run() -> usize {
         &parent,
         &mut failures,
     );
+    checks += signals_against_files(&layout, &scope, &mut cg, &parent, &a, &mut failures);
 
     // --max-cgroups bounds what is reported, and the rest is counted, never silently lost.
     let small = Scope {
         max_cgroups: 2,
+        signals: Default::default(),
         ..scope.clone()
     };
     let mut small_ebpf =

@@ -95,6 +95,7 @@ fn run() {
         layout: layout.clone(),
         root: format!("/{parent}"),
         max_cgroups: 64,
+        signals: Default::default(),
     };
     let mut s = Setup {
         burn: format!("/{parent}/burn"),

@@ -7,7 +7,7 @@
 #![no_std]
 
 /// Version of [`CgroupRecord`]'s layout. The agent refuses records of another version.
-pub const RECORD_VERSION: u32 = 4;
+pub const RECORD_VERSION: u32 = 5;
 
 /// Name of the `BPF_F_MMAPABLE` array the iterator fills: record `i` of a walk is the
 /// `i`-th cgroup visited, in the walk's region (see [`WalkEnd::region`]). Its size is set
@@ -28,6 +28,19 @@ pub const FLAG_READ_ERROR: u32 = 1 << 2;
 /// The name was not copied again: the record's slot already held this cgroup with this
 /// [`CgroupRecord::name_key`] (and so its name) from the previous walk.
 pub const FLAG_NAME_KEPT: u32 = 1 << 3;
+/// The cgroup's pressure stall totals were read (the walk was asked for them, the kernel
+/// keeps PSI for this cgroup and it is enabled): `psi_*` are valid.
+pub const FLAG_PSI: u32 = 1 << 4;
+/// The cgroup's CFS bandwidth counters were read (the walk was asked for them and the cpu
+/// controller is on for it): `cfs_*` are valid.
+pub const FLAG_CFS: u32 = 1 << 5;
+/// With [`FLAG_CFS`]: the cgroup has a CPU quota (`cpu.max` not `max`).
+pub const FLAG_CFS_QUOTA: u32 = 1 << 6;
+
+/// Bits of the `READ_SIGNALS` global: what the walk reads besides CPU and memory.
+pub const READ_PSI: u64 = 1 << 0;
+/// See [`READ_PSI`].
+pub const READ_CFS: u64 = 1 << 1;
 
 /// One cgroup as seen by the `iter/cgroup` program `cgroup_stats`, stored at index
 /// *i* of [`RECORDS_MAP`] for the *i*-th live cgroup visited, in pre-order (a parent always precedes its children).
@@ -44,7 +57,12 @@ pub const FLAG_NAME_KEPT: u32 = 1 << 3;
 ///   (`memory.stat` `inactive_file`, and `anon`/`rss`), pages;
 /// - `swap_counter_pages`: the memcg's second page counter, pages: `swap.usage` on v2
 ///   (what `memory.swap.current` prints), `memsw.usage` (memory + swap) on v1, where the
-///   two share one place in `struct mem_cgroup`.
+///   two share one place in `struct mem_cgroup`;
+/// - `psi_cpu_some_ns`, `psi_memory_some_ns`: `cgroup->psi->total[PSI_AVGS][…]`, the
+///   totals `cpu.pressure` and `memory.pressure` print as `some … total=` (µs there), as of
+///   the kernel's last update of them (its 2 s averaging work, or a read of the files);
+/// - `cfs_periods`, `cfs_throttled`: the cgroup's own (not hierarchical) CFS bandwidth
+///   counters, `nr_periods` and `nr_throttled` of `cpu.stat`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CgroupRecord {
@@ -71,6 +89,14 @@ pub struct CgroupRecord {
     pub anon_pages: i64,
     /// The memcg's `swap` (v2) / `memsw` (v1) page counter, pages.
     pub swap_counter_pages: u64,
+    /// PSI `some` total of CPU, nanoseconds ([`FLAG_PSI`]).
+    pub psi_cpu_some_ns: u64,
+    /// PSI `some` total of memory, nanoseconds ([`FLAG_PSI`]).
+    pub psi_memory_some_ns: u64,
+    /// CFS periods that had runnable tasks ([`FLAG_CFS`]).
+    pub cfs_periods: u64,
+    /// Of those, periods in which the cgroup was throttled ([`FLAG_CFS`]).
+    pub cfs_throttled: u64,
     /// Identifies the cgroup's current name: the address of its kernfs node's name string.
     /// Kernfs names are immutable strings; renaming (possible on v1 hierarchies only)
     /// allocates a new one, so a cgroup with the same id and key has the same name. Walks
@@ -91,7 +117,9 @@ pub struct WalkEnd {
     /// The region of [`RECORDS_MAP`] this walk wrote: its records are
     /// `region × RECORDS_PER_REGION + i`. Walks of the hierarchy the loader names in
     /// `SECOND_REGION_HIERARCHY` (the v1 memory hierarchy of a hybrid node) use region 1,
-    /// all others region 0, so that each slot is rewritten by walks of one hierarchy and
+    /// those of `THIRD_REGION_HIERARCHY` (its v1 `cpu` hierarchy, walked for CFS counters)
+    /// region 2, all others region 0, so that each slot is rewritten by walks of one
+    /// hierarchy and
     /// usually holds the same cgroup as in the previous walk ([`FLAG_NAME_KEPT`]).
     pub region: u32,
     /// The session, equal to every record's `session`.
@@ -160,4 +188,25 @@ pub mod globals {
     pub const RECORDS_PER_REGION: &str = "RECORDS_PER_REGION";
     /// The hierarchy id whose walks write region 1 (`u64::MAX`: none); not an offset.
     pub const SECOND_REGION_HIERARCHY: &str = "SECOND_REGION_HIERARCHY";
+    /// The hierarchy id whose walks write region 2 (`u64::MAX`: none); not an offset.
+    pub const THIRD_REGION_HIERARCHY: &str = "THIRD_REGION_HIERARCHY";
+    /// What the walk reads besides CPU and memory: [`crate::READ_PSI`], [`crate::READ_CFS`];
+    /// not an offset.
+    pub const READ_SIGNALS: &str = "READ_SIGNALS";
+    /// `offsetof(struct cgroup, psi)`.
+    pub const CGROUP_PSI: &str = "OFF_CGROUP_PSI";
+    /// 1 when `cgroup.psi` is a pointer, 0 when embedded.
+    pub const PSI_IS_PTR: &str = "PSI_IS_PTR";
+    /// `struct psi_group` → `total[PSI_AVGS][PSI_CPU_SOME]`.
+    pub const PSI_CPU_SOME: &str = "OFF_PSI_CPU_SOME";
+    /// `struct psi_group` → `total[PSI_AVGS][PSI_MEM_SOME]`.
+    pub const PSI_MEMORY_SOME: &str = "OFF_PSI_MEMORY_SOME";
+    /// `struct psi_group` → `enabled` (`u64::MAX`: the kernel has no such switch).
+    pub const PSI_ENABLED: &str = "OFF_PSI_ENABLED";
+    /// `offsetof(struct cgroup, subsys[cpu_cgrp_id])`.
+    pub const CGROUP_CPU_CSS: &str = "OFF_CGROUP_CPU_CSS";
+    /// `struct task_group` → `cfs_bandwidth.quota`.
+    pub const TG_QUOTA: &str = "OFF_TG_QUOTA";
+    /// `struct task_group` → `cfs_bandwidth.nr_periods`, followed by `nr_throttled`.
+    pub const TG_NR_PERIODS: &str = "OFF_TG_NR_PERIODS";
 }

@@ -31,8 +31,9 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use kpulse_common::{
-    CgroupRecord, WalkEnd, FLAG_MEMCG, FLAG_NAME_KEPT, FLAG_NAME_TRUNCATED, FLAG_READ_ERROR,
-    NAME_LEN, RECORD_VERSION, SCHED_MAX_CGROUPS,
+    CgroupRecord, WalkEnd, FLAG_CFS, FLAG_CFS_QUOTA, FLAG_MEMCG, FLAG_NAME_KEPT,
+    FLAG_NAME_TRUNCATED, FLAG_PSI, FLAG_READ_ERROR, NAME_LEN, READ_CFS, READ_PSI, RECORD_VERSION,
+    SCHED_MAX_CGROUPS,
 };
 
 /// Live cgroups visited so far in session [`WALK_SESSION`]. `seq_num` cannot serve: at the
@@ -81,11 +82,32 @@ static OFF_VMSTATS_ANON: u64 = 0;
 static OFF_CGROUP_ROOT: u64 = 0;
 #[no_mangle]
 static OFF_ROOT_HIERARCHY_ID: u64 = 0;
+#[no_mangle]
+static OFF_CGROUP_PSI: u64 = 0;
+#[no_mangle]
+static PSI_IS_PTR: u64 = 0;
+#[no_mangle]
+static OFF_PSI_CPU_SOME: u64 = 0;
+#[no_mangle]
+static OFF_PSI_MEMORY_SOME: u64 = 0;
+#[no_mangle]
+static OFF_PSI_ENABLED: u64 = u64::MAX;
+#[no_mangle]
+static OFF_CGROUP_CPU_CSS: u64 = 0;
+#[no_mangle]
+static OFF_TG_QUOTA: u64 = 0;
+#[no_mangle]
+static OFF_TG_NR_PERIODS: u64 = 0;
+/// `READ_PSI` | `READ_CFS`: 0 unless the agent asks for these signals.
+#[no_mangle]
+static READ_SIGNALS: u64 = 0;
 // Written by the loader too: the records map's layout (see `WalkEnd::region`).
 #[no_mangle]
 static RECORDS_PER_REGION: u64 = 1;
 #[no_mangle]
 static SECOND_REGION_HIERARCHY: u64 = u64::MAX;
+#[no_mangle]
+static THIRD_REGION_HIERARCHY: u64 = u64::MAX;
 
 #[inline(always)]
 fn global(v: &'static u64) -> u64 {
@@ -169,8 +191,12 @@ pub extern "C" fn cgroup_stats(ctx: *const IterCgroupCtx) -> i32 {
             )
         } else {
             // The walk's first cgroup, its root: the hierarchy decides the region.
-            let second = hierarchy_of(cgrp).is_ok_and(|h| h == global(&SECOND_REGION_HIERARCHY));
-            (0, u64::from(second))
+            let region = match hierarchy_of(cgrp) {
+                Ok(h) if h == global(&SECOND_REGION_HIERARCHY) => 1,
+                Ok(h) if h == global(&THIRD_REGION_HIERARCHY) => 2,
+                _ => 0,
+            };
+            (0, region)
         }
     };
     unsafe {
@@ -214,9 +240,13 @@ pub extern "C" fn cgroup_stats(ctx: *const IterCgroupCtx) -> i32 {
         w(&raw mut rec.inactive_file_pages, 0);
         w(&raw mut rec.anon_pages, 0);
         w(&raw mut rec.swap_counter_pages, 0);
+        w(&raw mut rec.psi_cpu_some_ns, 0);
+        w(&raw mut rec.psi_memory_some_ns, 0);
+        w(&raw mut rec.cfs_periods, 0);
+        w(&raw mut rec.cfs_throttled, 0);
         w(&raw mut rec.name_key, 0);
     }
-    if fill(cgrp, rec, &previous, region == 0).is_err() {
+    if fill(cgrp, rec, &previous, region).is_err() {
         rec.flags |= FLAG_READ_ERROR;
     }
     0
@@ -236,6 +266,11 @@ unsafe fn load_i32(base: u64, off: u64) -> i32 {
     unsafe { read_volatile((base + off) as *const i32) }
 }
 
+#[inline(always)]
+unsafe fn load_u8(base: u64, off: u64) -> u8 {
+    unsafe { read_volatile((base + off) as *const u8) }
+}
+
 /// A slot's record from the previous walk, as far as the name is concerned.
 struct Previous {
     /// Written by this program version, without a read error (so its name was copied).
@@ -246,9 +281,12 @@ struct Previous {
 }
 
 #[inline(always)]
-/// `with_cpu`: read the CPU counter (not in region 1: a v1 hierarchy has none, so the load
-/// would only cost a cache miss per cgroup).
-fn fill(cgrp: u64, rec: &mut CgroupRecord, previous: &Previous, with_cpu: bool) -> Result<(), i32> {
+/// `region` says what to read besides the path: in region 0, the hierarchy carrying CPU
+/// time, the CPU counter and the signals asked for; in region 1, a hybrid node's v1 memory
+/// hierarchy, neither (its cgroups keep none: the loads would only cost a cache miss per
+/// cgroup); in region 2, its v1 `cpu` hierarchy, the CFS counters alone.
+fn fill(cgrp: u64, rec: &mut CgroupRecord, previous: &Previous, region: u64) -> Result<(), i32> {
+    let cpu_tree = region == 0;
     unsafe {
         // Along BTF-typed pointers: direct loads (see `load_u64`).
         let kn = load_u64(cgrp, global(&OFF_CGROUP_KN));
@@ -281,7 +319,7 @@ fn fill(cgrp: u64, rec: &mut CgroupRecord, previous: &Previous, with_cpu: bool) 
             }
             rec.parent_id = load_u64(pkn, global(&OFF_KN_ID));
         }
-        if with_cpu {
+        if cpu_tree {
             rec.cpu_usage_ns = load_u64(cgrp, global(&OFF_CGROUP_CPU));
         }
 
@@ -300,6 +338,39 @@ fn fill(cgrp: u64, rec: &mut CgroupRecord, previous: &Previous, with_cpu: bool) 
                 rec.inactive_file_pages =
                     read_u64(vmstats, global(&OFF_VMSTATS_INACTIVE_FILE))? as i64;
                 rec.anon_pages = read_u64(vmstats, global(&OFF_VMSTATS_ANON))? as i64;
+            }
+        }
+
+        let signals = match region {
+            0 => global(&READ_SIGNALS),
+            2 => global(&READ_SIGNALS) & READ_CFS,
+            _ => 0,
+        };
+        if signals & READ_PSI != 0 {
+            // `cgroup.psi` is a BTF-typed `struct psi_group *` (or the struct itself):
+            // direct loads.
+            let psi = if global(&PSI_IS_PTR) != 0 {
+                load_u64(cgrp, global(&OFF_CGROUP_PSI))
+            } else {
+                cgrp + global(&OFF_CGROUP_PSI)
+            };
+            let off_enabled = global(&OFF_PSI_ENABLED);
+            if psi != 0 && (off_enabled == u64::MAX || load_u8(psi, off_enabled) != 0) {
+                rec.flags |= FLAG_PSI;
+                rec.psi_cpu_some_ns = load_u64(psi, global(&OFF_PSI_CPU_SOME));
+                rec.psi_memory_some_ns = load_u64(psi, global(&OFF_PSI_MEMORY_SOME));
+            }
+        }
+        if signals & READ_CFS != 0 {
+            // A `struct task_group`, typed as its css: its own members by the helper.
+            let tg = load_u64(cgrp, global(&OFF_CGROUP_CPU_CSS));
+            if tg != 0 {
+                let quota = read_u64(tg, global(&OFF_TG_QUOTA))?;
+                // `int nr_periods; int nr_throttled;`, side by side (the loader checks).
+                let counts = read_u64(tg, global(&OFF_TG_NR_PERIODS))?;
+                rec.flags |= FLAG_CFS | if quota == u64::MAX { 0 } else { FLAG_CFS_QUOTA };
+                rec.cfs_periods = counts & 0xffff_ffff;
+                rec.cfs_throttled = counts >> 32;
             }
         }
     }

@@ -311,8 +311,9 @@ fn swap_figures(
 /// `swap` (after [`swap_figures`]), against the kernel's files read just before and just
 /// after the collection. A read of a pressure file brings the kernel's
 /// totals up to date, so the walk's totals lie between the two reads, as the counters do.
-/// Without `--custom-metrics` no collector reports them, and a cgroup without a quota has
-/// no throttling figure.
+/// Without `--custom-metrics` no collector reports them, a cgroup without a quota has no
+/// throttling figure, and one whose PSI is switched off (`cgroup.pressure` 0) no pressure
+/// figure.
 fn signals_against_files(
     layout: &Layout,
     scope: &Scope,
@@ -445,6 +446,28 @@ fn signals_against_files(
         if spin.throttling.is_some() {
             failures.push(format!(
                 "{source}: a throttling figure for a cgroup without a quota"
+            ));
+        }
+    }
+    // PSI switched off for one cgroup (`cgroup.pressure` 0, which the kernel has had since
+    // 6.1): no pressure figure for it, never 0; the others keep theirs.
+    let switch = psi_dir("throttled").join("cgroup.pressure");
+    std::fs::write(&switch, "0").unwrap_or_else(|e| panic!("write {}: {e}", switch.display()));
+    for c in [&mut ebpf as &mut dyn Collector, &mut fs] {
+        let snap = c.collect().expect("collect");
+        let (off, on) = (
+            find(&snap, &path).pressure,
+            find(&snap, &format!("/{parent}/swap")).pressure,
+        );
+        println!(
+            "accuracy: {:8} pressure with cgroup.pressure 0: {off:?}; another cgroup: {on:?}",
+            c.source()
+        );
+        checks += 1;
+        if off.is_some() || on.is_none() {
+            failures.push(format!(
+                "{}: cgroup.pressure 0 gave {off:?}, another cgroup {on:?}",
+                c.source()
             ));
         }
     }

@@ -1,5 +1,6 @@
 //! `cargo xtask bench-agent`: the agent's own CPU and memory on this machine, on a node's
-//! worth of pods, for one or two builds side by side in one run.
+//! worth of pods, for one or two builds (and this tree with `--custom-metrics`) side by side
+//! in one run.
 //!
 //! Steps: build (unless `--no-build`) the eBPF object, the release agent and aggregator-api;
 //! make a CA and certificates (`demo::write_pki`); create `--pods` pods under
@@ -10,7 +11,8 @@
 //! start `--replicas` aggregator-api replicas, to every one of which the agent streams, as
 //! in a cluster.
 //!
-//! Then `--rounds` rounds; in each, every build (this tree's, and `--baseline` if given) ×
+//! Then `--rounds` rounds; in each, every build (this tree's, this tree's with the agent's
+//! `--custom-metrics` when `--custom-metrics` is given, and `--baseline` if given) ×
 //! every collector of `--collectors`, one phase each, in that order:
 //! start the agent in a cgroup of its own (`kpulse-bench-agent.self` in the cgroup2 mount,
 //! outside the tree it measures); wait until every replica lists every pod with all its
@@ -87,6 +89,10 @@ pub struct Options {
     /// this directory.
     #[arg(long)]
     perf: Option<PathBuf>,
+    /// Also measure this tree's agent with `--custom-metrics` (PSI and CFS counters for
+    /// `custom.metrics.k8s.io`) in every round, beside it without.
+    #[arg(long)]
+    custom_metrics: bool,
     /// Use the release binaries already built.
     #[arg(long)]
     no_build: bool,
@@ -151,12 +157,20 @@ pub fn run(opts: &Options) -> Result<()> {
         ]))?;
     }
     let release = root.join("target/release");
-    let mut builds = vec![("this tree".to_owned(), release.join("kpulse-agent"))];
+    // (label, binary, with `--custom-metrics`)
+    let mut builds = vec![("this tree".to_owned(), release.join("kpulse-agent"), false)];
+    if opts.custom_metrics {
+        builds.push((
+            "this tree, --custom-metrics".to_owned(),
+            release.join("kpulse-agent"),
+            true,
+        ));
+    }
     if let Some(b) = &opts.baseline {
-        builds.push(("baseline".to_owned(), b.clone()));
+        builds.push(("baseline".to_owned(), b.clone(), false));
     }
     let server_bin = release.join("kpulse-aggregator-api");
-    for (_, b) in builds.iter().chain([&(String::new(), server_bin.clone())]) {
+    for b in builds.iter().map(|b| &b.1).chain([&server_bin]) {
         ensure!(b.is_file(), "{} is missing", b.display());
     }
     if opts.perf.is_some() {
@@ -253,7 +267,7 @@ pub fn run(opts: &Options) -> Result<()> {
         pods: opts.pods,
         containers: opts.containers,
     };
-    let agent_args = |collector: &str, metrics: &str| -> Vec<String> {
+    let agent_args = |collector: &str, metrics: &str, custom_metrics: bool| -> Vec<String> {
         let servers: Vec<String> = ports
             .iter()
             .map(|(_, ingest)| format!("127.0.0.1:{ingest}"))
@@ -280,28 +294,31 @@ pub fn run(opts: &Options) -> Result<()> {
             metrics,
         ]
         .map(String::from)
-        .to_vec()
+        .into_iter()
+        .chain(custom_metrics.then(|| "--custom-metrics".to_owned()))
+        .collect()
     };
 
     // A fresh agent in its own cgroup, once every replica lists every pod and `--warmup`
     // has passed; with the address of its `/metrics`.
-    let start_agent = |bin: &Path, collector: &str, log: &Path| -> Result<(Proc, String)> {
-        let metrics = format!("127.0.0.1:{}", crate::exec::free_port()?);
-        let mut agent = Proc::spawn(
-            "the agent",
-            bin,
-            &agent_args(collector, &metrics),
-            false,
-            log,
-            None,
-        )?;
-        own.adopt(agent.pid())?;
-        lister.wait_complete(&mut agent, &stop)?;
-        stop.sleep(opts.warmup)?;
-        Ok((agent, metrics))
-    };
+    let start_agent =
+        |bin: &Path, collector: &str, custom_metrics: bool, log: &Path| -> Result<(Proc, String)> {
+            let metrics = format!("127.0.0.1:{}", crate::exec::free_port()?);
+            let mut agent = Proc::spawn(
+                "the agent",
+                bin,
+                &agent_args(collector, &metrics, custom_metrics),
+                false,
+                log,
+                None,
+            )?;
+            own.adopt(agent.pid())?;
+            lister.wait_complete(&mut agent, &stop)?;
+            stop.sleep(opts.warmup)?;
+            Ok((agent, metrics))
+        };
     let mut results: Vec<(String, String, Vec<Measured>)> = Vec::new();
-    for (label, _) in &builds {
+    for (label, _, _) in &builds {
         for c in &opts.collectors {
             results.push((label.clone(), c.clone(), Vec::new()));
         }
@@ -309,13 +326,13 @@ pub fn run(opts: &Options) -> Result<()> {
     let started = Instant::now();
     for round in 1..=opts.rounds {
         let mut slot = 0;
-        for (label, bin) in &builds {
+        for (label, bin, custom) in &builds {
             for collector in &opts.collectors {
                 for s in &mut servers {
                     s.check_running()?;
                 }
                 let log = dir.join(format!("agent-{round}-{slot}.log"));
-                let (mut agent, metrics) = start_agent(bin, collector, &log)?;
+                let (mut agent, metrics) = start_agent(bin, collector, *custom, &log)?;
                 let m = measure(&own, &mut agent, &metrics, opts.phase, &stop)?;
                 lister.check_complete().with_context(|| {
                     format!(
@@ -349,11 +366,11 @@ pub fn run(opts: &Options) -> Result<()> {
 
     if let Some(out) = &opts.perf {
         fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-        for (label, bin) in &builds {
+        for (label, bin, custom) in &builds {
             for collector in &opts.collectors {
-                let name = format!("{}-{collector}", label.replace(' ', "-"));
+                let name = format!("{}-{collector}", label.replace([' ', ','], "-"));
                 let log = dir.join(format!("agent-perf-{name}.log"));
-                let (mut agent, _) = start_agent(bin, collector, &log)?;
+                let (mut agent, _) = start_agent(bin, collector, *custom, &log)?;
                 let data = out.join(format!("{name}.perf.data"));
                 crate::exec::run(
                     Command::new("perf")

@@ -76,10 +76,9 @@ pub struct KernelLayout {
 /// Where a cgroup's pressure stall totals are.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PsiLayout {
-    /// `struct cgroup` → `psi` (see [`Self::is_ptr`]).
+    /// `struct cgroup` → `psi`, a `struct psi_group *` (embedded before 6.1, which the
+    /// agent does not support).
     pub cgroup_psi: u64,
-    /// 1 if `cgroup.psi` is a pointer (6.1+), 0 if embedded.
-    pub is_ptr: u64,
     /// `struct psi_group` → `total[PSI_AVGS][PSI_CPU_SOME]` (ns; what `cpu.pressure`'s
     /// `some … total=` prints, in µs).
     pub cpu_some: u64,
@@ -230,6 +229,11 @@ fn optional<T>(what: &str, part: Result<T, LayoutError>) -> Option<T> {
 
 fn psi_layout(k: &Kbtf<'_>) -> Result<PsiLayout, LayoutError> {
     let (cgroup_psi, psi_ty) = k.member("cgroup", &["psi"])?;
+    if !matches!(psi_ty, Type::Ptr(_)) {
+        return Err(LayoutError::Unexpected(
+            "cgroup.psi is not a pointer (a kernel before 6.1)".into(),
+        ));
+    }
     // `u64 total[NR_PSI_AGGREGATORS][NR_PSI_STATES - 1]`: the row of the averaging
     // aggregator is what the files print and the kernel's 2 s work brings up to date.
     let aggregators = k.enum_value("psi_aggregators", "NR_PSI_AGGREGATORS")?;
@@ -247,7 +251,6 @@ fn psi_layout(k: &Kbtf<'_>) -> Result<PsiLayout, LayoutError> {
     };
     Ok(PsiLayout {
         cgroup_psi,
-        is_ptr: u64::from(matches!(psi_ty, Type::Ptr(_))),
         cpu_some: total("PSI_CPU_SOME")?,
         memory_some: total("PSI_MEM_SOME")?,
         enabled: k

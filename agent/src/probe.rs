@@ -233,7 +233,6 @@ fn open_object(
     loader
         .override_global(globals::READ_SIGNALS, &signals.read, true)
         .override_global(globals::CGROUP_PSI, &signals.cgroup_psi, true)
-        .override_global(globals::PSI_IS_PTR, &signals.psi_is_ptr, true)
         .override_global(globals::PSI_CPU_SOME, &signals.psi_cpu_some, true)
         .override_global(globals::PSI_MEMORY_SOME, &signals.psi_memory_some, true)
         .override_global(globals::PSI_ENABLED, &signals.psi_enabled, true)
@@ -283,7 +282,6 @@ pub struct Signals {
 struct SignalGlobals {
     read: u64,
     cgroup_psi: u64,
-    psi_is_ptr: u64,
     psi_cpu_some: u64,
     psi_memory_some: u64,
     psi_enabled: u64,
@@ -307,7 +305,6 @@ impl SignalGlobals {
                 Some(p) => {
                     g.read |= kpulse_common::READ_PSI;
                     g.cgroup_psi = p.cgroup_psi;
-                    g.psi_is_ptr = p.is_ptr;
                     g.psi_cpu_some = p.cpu_some;
                     g.psi_memory_some = p.memory_some;
                     g.psi_enabled = p.enabled;

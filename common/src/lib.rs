@@ -195,8 +195,6 @@ pub mod globals {
     pub const READ_SIGNALS: &str = "READ_SIGNALS";
     /// `offsetof(struct cgroup, psi)`.
     pub const CGROUP_PSI: &str = "OFF_CGROUP_PSI";
-    /// 1 when `cgroup.psi` is a pointer, 0 when embedded.
-    pub const PSI_IS_PTR: &str = "PSI_IS_PTR";
     /// `struct psi_group` → `total[PSI_AVGS][PSI_CPU_SOME]`.
     pub const PSI_CPU_SOME: &str = "OFF_PSI_CPU_SOME";
     /// `struct psi_group` → `total[PSI_AVGS][PSI_MEM_SOME]`.

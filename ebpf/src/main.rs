@@ -85,8 +85,6 @@ static OFF_ROOT_HIERARCHY_ID: u64 = 0;
 #[no_mangle]
 static OFF_CGROUP_PSI: u64 = 0;
 #[no_mangle]
-static PSI_IS_PTR: u64 = 0;
-#[no_mangle]
 static OFF_PSI_CPU_SOME: u64 = 0;
 #[no_mangle]
 static OFF_PSI_MEMORY_SOME: u64 = 0;
@@ -347,13 +345,8 @@ fn fill(cgrp: u64, rec: &mut CgroupRecord, previous: &Previous, region: u64) -> 
             _ => 0,
         };
         if signals & READ_PSI != 0 {
-            // `cgroup.psi` is a BTF-typed `struct psi_group *` (or the struct itself):
-            // direct loads.
-            let psi = if global(&PSI_IS_PTR) != 0 {
-                load_u64(cgrp, global(&OFF_CGROUP_PSI))
-            } else {
-                cgrp + global(&OFF_CGROUP_PSI)
-            };
+            // `cgroup.psi` is a BTF-typed `struct psi_group *`: direct loads.
+            let psi = load_u64(cgrp, global(&OFF_CGROUP_PSI));
             let off_enabled = global(&OFF_PSI_ENABLED);
             if psi != 0 && (off_enabled == u64::MAX || load_u8(psi, off_enabled) != 0) {
                 rec.flags |= FLAG_PSI;

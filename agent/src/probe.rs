@@ -291,14 +291,15 @@ struct SignalGlobals {
 }
 
 impl SignalGlobals {
-    fn new(wanted: Signals, layout: &KernelLayout) -> SignalGlobals {
+    /// `psi_on`: the kernel keeps pressure stall information now (it has [`PROC_PRESSURE`]).
+    fn new(wanted: Signals, layout: &KernelLayout, psi_on: bool) -> SignalGlobals {
         let mut g = SignalGlobals {
             psi_enabled: u64::MAX,
             ..SignalGlobals::default()
         };
         if wanted.pressure {
             match layout.psi {
-                Some(_) if !Path::new(PROC_PRESSURE).exists() => tracing::warn!(
+                Some(_) if !psi_on => tracing::warn!(
                     "pressure stall information asked for, but PSI is off in this kernel \
                      (no {PROC_PRESSURE}; boot with psi=1): no pressure figures"
                 ),
@@ -422,7 +423,8 @@ impl CgroupIter {
         };
         let btf = Btf::from_sys_fs().map_err(|_| ProbeError::NoBtf)?;
         let regions = RecordsLayout::new(max_cgroups, extra);
-        let signal_globals = SignalGlobals::new(signals, &layout);
+        let signal_globals =
+            SignalGlobals::new(signals, &layout, Path::new(PROC_PRESSURE).exists());
         let mut ebpf = open_object(
             object,
             &btf,
@@ -1046,5 +1048,55 @@ mod sys {
             ..Default::default()
         };
         bpf(BPF_ITER_CREATE, &mut attr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel_layout::{CfsLayout, PsiLayout};
+
+    fn layout(psi: bool, cfs: bool) -> KernelLayout {
+        KernelLayout {
+            psi: psi.then_some(PsiLayout {
+                cgroup_psi: 1,
+                cpu_some: 2,
+                memory_some: 3,
+                enabled: 4,
+            }),
+            cfs: cfs.then_some(CfsLayout {
+                cgroup_cpu_css: 5,
+                quota: 6,
+                nr_periods: 7,
+                nr_throttled: 11,
+            }),
+            ..KernelLayout::default()
+        }
+    }
+
+    /// The walk reads a signal only when it was asked for, the kernel's BTF has it and, for
+    /// PSI, the running kernel keeps it; otherwise the bit stays clear and no figure is made
+    /// (absent, never 0).
+    #[test]
+    fn signals_read_only_when_asked_for_and_available() {
+        let both = Signals {
+            pressure: true,
+            throttling: true,
+        };
+        let g = SignalGlobals::new(both, &layout(true, true), true);
+        assert_eq!(g.read, kpulse_common::READ_PSI | kpulse_common::READ_CFS);
+        assert_eq!((g.cgroup_psi, g.psi_cpu_some, g.psi_memory_some), (1, 2, 3));
+        assert_eq!(g.psi_enabled, 4);
+        assert_eq!((g.cgroup_cpu_css, g.tg_quota, g.tg_nr_periods), (5, 6, 7));
+
+        let off = SignalGlobals::new(Signals::default(), &layout(true, true), true);
+        assert_eq!(off.read, 0);
+        // Booted with psi=0: no PSI, throttling still read.
+        let psi_off = SignalGlobals::new(both, &layout(true, true), false);
+        assert_eq!(psi_off.read, kpulse_common::READ_CFS);
+        // Not in this kernel's BTF.
+        let none = SignalGlobals::new(both, &layout(false, false), true);
+        assert_eq!(none.read, 0);
+        assert_eq!(none.psi_enabled, u64::MAX);
     }
 }

@@ -311,8 +311,10 @@ impl Node {
                         ),
                         memory_working_set: Bytes(sim::CONTAINER_MEMORY),
                         swap: None,
+                        signals: None,
                     })
                     .collect(),
+                signals: None,
             })
             .collect();
         Tick {

@@ -49,7 +49,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kpulse_wire::{
     stream::{PodCounters, PodMeta},
-    ContainerSample,
+    ContainerSample, Signals,
 };
 use serde::Deserialize;
 use tokio::sync::watch;
@@ -58,6 +58,7 @@ use crate::{
     cgroup_path::{self, CgroupKind, ContainerId, PodUid},
     cgroupfs,
     sample::Snapshot,
+    window::{ThrottledPeriods, Windows},
 };
 
 /// The annotation a mirror pod carries: the static pod's UID as kubelet names its cgroup.
@@ -198,6 +199,9 @@ struct ContainerRef {
 enum Found {
     /// A container of a known pod.
     Container(Arc<ContainerRef>),
+    /// The pod-level cgroup of a known pod (its `metadata.uid`): where the pod's pressure is
+    /// read, and a quota of its own.
+    Pod(Arc<str>),
     /// Not a container of a known pod: outside kubepods, a QoS or pod cgroup, a sandbox.
     Other,
     /// Under kubepods, but no known pod has it (or a malformed path): counted, not sent.
@@ -215,8 +219,13 @@ pub struct JoinCache {
 }
 
 impl JoinCache {
-    /// [`PodIndex::join`] of `index`, reusing last tick's findings where they hold.
-    pub fn join(&mut self, index: &Arc<PodIndex>, snap: &Snapshot) -> Attribution {
+    /// [`PodIndex::join_with`] of `index`, reusing last tick's findings where they hold.
+    pub fn join(
+        &mut self,
+        index: &Arc<PodIndex>,
+        snap: &Snapshot,
+        windows: Option<&Windows>,
+    ) -> Attribution {
         let same = self.index.as_ref().is_some_and(|i| Arc::ptr_eq(i, index));
         let mut slots = Vec::with_capacity(snap.cgroups.len());
         for (i, c) in snap.cgroups.iter().enumerate() {
@@ -232,7 +241,7 @@ impl JoinCache {
         }
         self.slots = slots;
         self.index = Some(index.clone());
-        index.assemble(snap, self.slots.iter().map(|(_, f)| f))
+        index.assemble(snap, self.slots.iter().map(|(_, f)| f), windows)
     }
 }
 
@@ -244,7 +253,10 @@ pub struct PodIndex {
     /// Pod UID → the names of the containers that must all be measured.
     required: HashMap<String, Vec<String>>,
     /// UID as found in cgroup paths (the mirror hash for static pods) → `metadata.uid`.
-    by_cgroup_uid: HashMap<PodUid, String>,
+    by_cgroup_uid: HashMap<PodUid, Arc<str>>,
+    /// Normalised cgroup path → pod `metadata.uid` (standalone mode, pods that name their
+    /// pod-level cgroup).
+    pod_by_path: HashMap<String, Arc<str>>,
     /// Container id → container (cluster mode).
     by_container: HashMap<ContainerId, Arc<ContainerRef>>,
     /// Normalised cgroup path → container (standalone mode).
@@ -299,8 +311,9 @@ impl PodIndex {
         for pod in pods {
             let Some(meta) = pod_meta(pod) else { continue };
             let uid = meta.uid.clone();
+            let shared: Arc<str> = Arc::from(uid.as_str());
             if let Some(u) = PodUid::parse(&uid) {
-                index.by_cgroup_uid.insert(u, uid.clone());
+                index.by_cgroup_uid.insert(u, shared.clone());
             }
             if let Some(hash) = pod
                 .metadata
@@ -309,7 +322,7 @@ impl PodIndex {
                 .and_then(|a| a.get(MIRROR_ANNOTATION))
                 .and_then(|h| PodUid::parse(h))
             {
-                index.by_cgroup_uid.insert(hash, uid.clone());
+                index.by_cgroup_uid.insert(hash, shared.clone());
             }
             let mut required = Vec::new();
             for (name, id) in running_containers(pod) {
@@ -365,6 +378,22 @@ impl PodIndex {
                     pod.namespace, pod.name
                 )));
             }
+            if let Some(path) = &pod.cgroup {
+                let cgroup = cgroupfs::normalise_rel(path);
+                if cgroup == "/" || path.split('/').any(|s| s == "..") {
+                    return Err(invalid(format!(
+                        "pod {}/{}: its cgroup must be below the root, without `..`",
+                        pod.namespace, pod.name
+                    )));
+                }
+                if index
+                    .pod_by_path
+                    .insert(cgroup.clone(), Arc::from(pod.uid.as_str()))
+                    .is_some()
+                {
+                    return Err(invalid(format!("cgroup {cgroup} is listed twice")));
+                }
+            }
             let mut names = HashSet::new();
             let mut required = Vec::new();
             for c in pod.containers {
@@ -386,13 +415,15 @@ impl PodIndex {
                     .ok()
                     .and_then(|k| k.pod_uid().cloned())
                 {
-                    index.by_cgroup_uid.insert(u, pod.uid.clone());
+                    index.by_cgroup_uid.insert(u, Arc::from(pod.uid.as_str()));
                 }
                 let r = Arc::new(ContainerRef {
                     pod: pod.uid.clone(),
                     name: c.name.clone(),
                 });
-                if index.by_path.insert(cgroup.clone(), r).is_some() {
+                if index.pod_by_path.contains_key(&cgroup)
+                    || index.by_path.insert(cgroup.clone(), r).is_some()
+                {
                     return Err(invalid(format!("cgroup {cgroup} is listed twice")));
                 }
                 required.push(c.name);
@@ -436,16 +467,25 @@ impl PodIndex {
         PodIndex::from_file_contents(path, file)
     }
 
-    /// Joins one collection with this index.
+    /// Joins one collection with this index, without pressure or throttling.
     pub fn join(&self, snap: &Snapshot) -> Attribution {
+        self.join_with(snap, None)
+    }
+
+    /// Joins one collection with this index; with `windows`, containers and pods carry
+    /// their pressure and throttling figures.
+    pub fn join_with(&self, snap: &Snapshot, windows: Option<&Windows>) -> Attribution {
         let found: Vec<Found> = snap.cgroups.iter().map(|c| self.find(&c.path)).collect();
-        self.assemble(snap, found.iter())
+        self.assemble(snap, found.iter(), windows)
     }
 
     /// What a cgroup path is to this index.
     fn find(&self, path: &str) -> Found {
         if let Some(r) = self.by_path.get(path) {
             return Found::Container(r.clone());
+        }
+        if let Some(uid) = self.pod_by_path.get(path) {
+            return Found::Pod(uid.clone());
         }
         match cgroup_path::classify(path) {
             Ok(CgroupKind::NotKubernetes | CgroupKind::KubepodsRoot { .. }) => Found::Other,
@@ -456,8 +496,9 @@ impl PodIndex {
                     (Some(pod), CgroupKind::Container { id, .. }) => self
                         .by_container
                         .get(id)
-                        .filter(|r| r.pod == *pod)
+                        .filter(|r| *r.pod == **pod)
                         .map_or(Found::Other, |r| Found::Container(r.clone())),
+                    (Some(pod), CgroupKind::Pod { .. }) => Found::Pod(pod.clone()),
                     (Some(_), _) => Found::Other,
                 }
             }
@@ -466,14 +507,30 @@ impl PodIndex {
     }
 
     /// The tick's counters from what each of `snap`'s cgroups is (`found`, in order).
-    fn assemble<'f>(&self, snap: &Snapshot, found: impl Iterator<Item = &'f Found>) -> Attribution {
+    fn assemble<'f>(
+        &self,
+        snap: &Snapshot,
+        found: impl Iterator<Item = &'f Found>,
+        windows: Option<&Windows>,
+    ) -> Attribution {
         let mut measured: HashMap<&str, Vec<ContainerSample>> = HashMap::new();
+        // Pressure of pod cgroups and throttling summed over each pod's cgroups with a quota.
+        let mut pod_signals: HashMap<&str, PodSignals> = HashMap::new();
         let mut unattributed = 0u64;
         // Swap is sent for every container of a node with swap, and for none elsewhere.
         let node_has_swap = snap.node.swap.is_some();
         for (c, f) in snap.cgroups.iter().zip(found) {
+            let figures = windows.and_then(|w| w.figures(c.id));
             let r = match f {
                 Found::Container(r) => r,
+                Found::Pod(uid) => {
+                    if let Some(figures) = figures {
+                        let pod = pod_signals.entry(uid).or_default();
+                        pod.pressure = Some(figures.signals);
+                        pod.add(figures.throttling);
+                    }
+                    continue;
+                }
                 Found::Other => continue,
                 Found::Unattributed => {
                     unattributed += 1;
@@ -483,6 +540,12 @@ impl PodIndex {
             let (Some(cpu), Some(memory)) = (c.cpu, c.memory) else {
                 continue;
             };
+            if let Some(figures) = figures {
+                pod_signals
+                    .entry(&r.pod)
+                    .or_default()
+                    .add(figures.throttling);
+            }
             measured.entry(&r.pod).or_default().push(ContainerSample {
                 name: r.name.clone(),
                 timestamp: snap.timestamp,
@@ -491,6 +554,7 @@ impl PodIndex {
                 cpu,
                 memory_working_set: memory.working_set,
                 swap: if node_has_swap { memory.swap } else { None },
+                signals: figures.map(|f| f.signals),
             });
         }
         let mut counters = Vec::new();
@@ -514,9 +578,16 @@ impl PodIndex {
                     .zip(required)
                     .all(|(c, name)| c.name == *name);
             if complete {
+                let signals = windows.map(|_| {
+                    pod_signals
+                        .get(meta.uid.as_str())
+                        .map(PodSignals::signals)
+                        .unwrap_or_default()
+                });
                 counters.push(PodCounters {
                     uid: meta.uid.clone(),
                     containers,
+                    signals: signals.filter(|s| !s.is_empty()),
                 });
             } else {
                 incomplete_pods += 1;
@@ -526,6 +597,35 @@ impl PodIndex {
             counters,
             unattributed,
             incomplete_pods,
+        }
+    }
+}
+
+/// A pod's figures as [`PodIndex::assemble`] gathers them from its cgroups.
+#[derive(Clone, Copy, Debug, Default)]
+struct PodSignals {
+    /// The pod cgroup's figures (its pressure).
+    pressure: Option<Signals>,
+    /// CFS counters summed over the pod's cgroups that have a quota.
+    throttling: Option<ThrottledPeriods>,
+}
+
+impl PodSignals {
+    fn add(&mut self, th: Option<ThrottledPeriods>) {
+        if let Some(th) = th {
+            self.throttling = Some(self.throttling.map_or(th, |sum| sum.plus(th)));
+        }
+    }
+
+    /// A pod's pressure is its pod cgroup's: PSI counts a stall once however many of the
+    /// pod's tasks wait, so a sum over containers would count it several times. Its
+    /// throttling is the share of all its cgroups' periods that were throttled.
+    fn signals(&self) -> Signals {
+        let pressure = self.pressure.unwrap_or_default();
+        Signals {
+            cpu_pressure: pressure.cpu_pressure,
+            memory_pressure: pressure.memory_pressure,
+            cpu_throttled: self.throttling.map(ThrottledPeriods::fraction),
         }
     }
 }
@@ -549,6 +649,10 @@ pub struct FilePod {
     /// `metadata.labels`.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The pod-level cgroup, relative to the cgroup mount (`/demo/web`), when there is one:
+    /// where the pod's pressure is read (`--custom-metrics`). Optional.
+    #[serde(default)]
+    pub cgroup: Option<String>,
     /// The containers, each with its cgroup.
     pub containers: Vec<FileContainer>,
 }
@@ -1084,6 +1188,80 @@ mod tests {
         assert!(with.iter().all(|w| *w == Some(Bytes(4096))), "{with:?}");
     }
 
+    /// With `--custom-metrics`: a container carries its own cgroup's figures; a pod its pod
+    /// cgroup's pressure and the throttling summed over its pod cgroup and containers with a
+    /// quota (not its sandbox's); a pod without figures carries none.
+    #[test]
+    fn signals_of_containers_and_pods() {
+        use crate::sample::{Pressure, Throttling};
+        use crate::window::Windows;
+        let (pods, base) = cluster();
+        let index = PodIndex::from_pods(&pods);
+        let mut windows = Windows::new(Duration::from_secs(10), Duration::from_secs(1));
+        let second = 1_000_000_000u64;
+        let tick = |t: u64| {
+            let mut cgroups = base.clone();
+            for c in &mut cgroups {
+                // (stall ns per second, (periods, throttled) per second)
+                let (stall, cfs) = match c.id.0 {
+                    10 => (200_000_000, Some((10, 1))),
+                    11 => (100_000_000, Some((10, 5))),
+                    13 => (0, None),
+                    14 => (0, Some((10, 10))),
+                    _ => continue,
+                };
+                c.pressure = Some(Pressure {
+                    averaged: None,
+                    cpu_some_ns: stall * t,
+                    memory_some_ns: 0,
+                });
+                c.throttling = cfs.map(|(p, th)| Throttling {
+                    periods: p * t,
+                    throttled: th * t,
+                });
+            }
+            let mut s = snap(cgroups);
+            s.timestamp = sample::UnixNanos(t * second);
+            s
+        };
+        let mut last = None;
+        for t in 1..=15 {
+            let s = tick(t);
+            windows.observe(&s);
+            last = Some(index.join_with(&s, Some(&windows)));
+        }
+        let a = last.expect("ticks");
+        let ppm = |f: Option<kpulse_wire::Fraction>| f.map(|f| f.ppm);
+        let web = a.counters.iter().find(|p| p.uid == U1).expect("web sent");
+        let pod = web.signals.expect("pod signals");
+        assert_eq!(ppm(pod.cpu_pressure), Some(200_000));
+        assert_eq!(ppm(pod.memory_pressure), Some(0));
+        assert_eq!(ppm(pod.cpu_throttled), Some(300_000), "(1 + 5) / (10 + 10)");
+        let app = web.containers[0].signals.expect("app signals");
+        assert_eq!(
+            (ppm(app.cpu_pressure), ppm(app.cpu_throttled)),
+            (Some(100_000), Some(500_000))
+        );
+        let sidecar = web.containers[1].signals.expect("sidecar signals");
+        assert_eq!(
+            (ppm(sidecar.cpu_pressure), sidecar.cpu_throttled),
+            (Some(0), None)
+        );
+        let etcd = a
+            .counters
+            .iter()
+            .find(|p| p.uid == "mirror-uid")
+            .expect("etcd");
+        assert_eq!(etcd.signals, None);
+        assert_eq!(etcd.containers[0].signals, None);
+        // Without windows (no --custom-metrics), nothing.
+        let plain = index.join(&tick(16));
+        assert!(plain
+            .counters
+            .iter()
+            .all(|p| p.signals.is_none() && p.containers.iter().all(|c| c.signals.is_none())));
+    }
+
     #[test]
     fn running_init_and_ephemeral_containers_count() {
         let p = pod(
@@ -1121,13 +1299,13 @@ mod tests {
         let index = Arc::new(PodIndex::from_pods(&pods));
         let mut cache = JoinCache::default();
         let first = snap(cgroups.clone());
-        assert_eq!(cache.join(&index, &first), index.join(&first));
+        assert_eq!(cache.join(&index, &first, None), index.join(&first));
         // The same path strings, later counters: last tick's findings, the same answer.
         let mut later = first.clone();
         for c in &mut later.cgroups {
             c.cpu = c.cpu.map(|v| sample::CpuNanos(v.0 + 1_000));
         }
-        assert_eq!(cache.join(&index, &later), index.join(&later));
+        assert_eq!(cache.join(&index, &later, None), index.join(&later));
         assert!(cache
             .slots
             .iter()
@@ -1135,13 +1313,13 @@ mod tests {
             .all(|(s, c)| Arc::ptr_eq(&s.0, &c.path)));
         // Another index (a pod gone): nothing is reused from the old one.
         let fewer = Arc::new(PodIndex::from_pods(&pods[1..]));
-        let a = cache.join(&fewer, &later);
+        let a = cache.join(&fewer, &later, None);
         assert_eq!(a, fewer.join(&later));
         assert!(a.counters.iter().all(|p| p.uid != U1));
         // Another path at a position: found again.
         let mut moved = later.clone();
         moved.cgroups.rotate_left(1);
-        assert_eq!(cache.join(&fewer, &moved), fewer.join(&moved));
+        assert_eq!(cache.join(&fewer, &moved, None), fewer.join(&moved));
     }
 
     #[test]
@@ -1257,6 +1435,32 @@ mod tests {
     fn file(json: &str) -> Result<PodIndex> {
         let f: PodsFile = serde_json::from_str(json).expect("json");
         PodIndex::from_file_contents(Path::new("pods.json"), f)
+    }
+
+    /// A pods file may name a pod's own cgroup: it is where the pod's pressure is read. It
+    /// must not be a container's.
+    #[test]
+    fn pods_file_pod_cgroups() {
+        let index = file(
+            r#"{"pods":[{"uid":"u1","namespace":"demo","name":"web","cgroup":"/demo/web",
+                "containers":[{"name":"app","cgroup":"/demo/web/app"}]}]}"#,
+        )
+        .expect("valid");
+        assert!(matches!(index.find("/demo/web"), Found::Pod(uid) if &*uid == "u1"));
+        assert!(matches!(index.find("/demo/web/app"), Found::Container(_)));
+        for bad in [
+            r#"{"pods":[{"uid":"u1","namespace":"d","name":"w","cgroup":"/demo/web",
+                "containers":[{"name":"app","cgroup":"/demo/web"}]}]}"#,
+            r#"{"pods":[{"uid":"u1","namespace":"d","name":"w","cgroup":"/",
+                "containers":[{"name":"app","cgroup":"/demo/web/app"}]}]}"#,
+            r#"{"pods":[{"uid":"u1","namespace":"d","name":"w","cgroup":"/demo/../x",
+                "containers":[{"name":"app","cgroup":"/demo/web/app"}]}]}"#,
+        ] {
+            assert!(
+                matches!(file(bad), Err(AttributeError::Invalid { .. })),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -214,6 +214,7 @@ pub fn pressure(dir: &Path) -> Result<Option<Pressure>, FsError> {
     };
     Ok(match (some("cpu.pressure")?, some("memory.pressure")?) {
         (Some(cpu_some_ns), Some(memory_some_ns)) => Some(Pressure {
+            averaged: None,
             cpu_some_ns,
             memory_some_ns,
         }),

@@ -18,8 +18,8 @@ use crate::{
     layout::Layout,
     probe::{CgroupIter, ExtraRegions, IterLink, ProbeError},
     sample::{
-        self, Bytes, CgroupId, CgroupSample, CpuNanos, Memory, NodeSample, Pressure, Snapshot,
-        Source, Throttling,
+        self, Bytes, CgroupId, CgroupSample, CpuNanos, Memory, NodeSample, Pressure, PsiAveraged,
+        Snapshot, Source, Throttling,
     },
 };
 
@@ -1209,6 +1209,11 @@ fn record_signals(r: &CgroupRecord) -> (Option<Pressure>, Option<Throttling>) {
     let pressure = (r.flags & FLAG_PSI != 0).then_some(Pressure {
         cpu_some_ns: r.psi_cpu_some_ns,
         memory_some_ns: r.psi_memory_some_ns,
+        averaged: Some(PsiAveraged {
+            at_ns: r.psi_avg_at_ns,
+            cpu_some_ns: r.psi_avg_cpu_some_ns,
+            memory_some_ns: r.psi_avg_memory_some_ns,
+        }),
     });
     let throttling =
         (r.flags & FLAG_CFS != 0 && r.flags & FLAG_CFS_QUOTA != 0).then_some(Throttling {
@@ -1388,6 +1393,9 @@ mod tests {
             psi_memory_some_ns: 0,
             cfs_periods: 0,
             cfs_throttled: 0,
+            psi_avg_cpu_some_ns: 0,
+            psi_avg_memory_some_ns: 0,
+            psi_avg_at_ns: 0,
             // As the kernel's: another name is another string (FNV-1a of the name here).
             name_key: name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
                 (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)

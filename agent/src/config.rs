@@ -80,10 +80,17 @@ pub struct RunArgs {
     /// On SIGTERM/SIGINT, how long streams get to end cleanly.
     #[arg(long, env = "KPULSE_SHUTDOWN_GRACE", default_value = "5s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+    /// With `--custom-metrics`: the trailing window pressure and throttling are shares of
+    /// (at least this long; see `window`).
+    #[arg(long, env = "KPULSE_CUSTOM_METRICS_WINDOW", default_value = "30s", value_parser = parse_duration)]
+    pub custom_metrics_window: Duration,
     /// Collection flags.
     #[command(flatten)]
     pub collect: CollectArgs,
 }
+
+/// Longest accepted `--custom-metrics-window`.
+pub const MAX_CUSTOM_METRICS_WINDOW: Duration = Duration::from_secs(600);
 
 /// Largest accepted `--queue-ticks`.
 pub const MAX_QUEUE_TICKS: usize = 1024;
@@ -95,6 +102,19 @@ impl RunArgs {
             Ok(()) => Vec::new(),
             Err(ConfigError(e)) => e,
         };
+        let window = self.custom_metrics_window;
+        if window < crate::window::MIN_WINDOW
+            || window > MAX_CUSTOM_METRICS_WINDOW
+            || window < self.collect.resolution * 4
+        {
+            errs.push(format!(
+                "--custom-metrics-window {} must be between {} and {}, and at least four \
+                 --resolution",
+                humantime::format_duration(window),
+                humantime::format_duration(crate::window::MIN_WINDOW),
+                humantime::format_duration(MAX_CUSTOM_METRICS_WINDOW),
+            ));
+        }
         if self.node_name.trim().is_empty() {
             errs.push("--node-name (or NODE_NAME) must not be empty".into());
         }
@@ -181,7 +201,7 @@ pub struct CollectArgs {
     /// Load the eBPF object from this file instead of the embedded one.
     #[arg(long, env = "KPULSE_EBPF_OBJECT")]
     pub ebpf_object: Option<PathBuf>,
-    /// Upper bound on cgroups reported per tick (sizes the eBPF record map: 248 bytes each).
+    /// Upper bound on cgroups reported per tick (sizes the eBPF record map: 272 bytes each).
     #[arg(long, env = "KPULSE_MAX_CGROUPS", default_value_t = 16_384)]
     pub max_cgroups: usize,
     /// Also collect the signals `custom.metrics.k8s.io` serves: each cgroup's pressure stall
@@ -263,6 +283,30 @@ mod tests {
         match parse(&all).expect("parse").command {
             Command::Run(r) => *r,
             other => panic!("not run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn custom_metrics_window_bounds() {
+        let base = ["--server", "10.0.0.1:443", "--server-ca-file", "/ca"];
+        let with = |extra: &[&str]| {
+            let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+            run(&args)
+        };
+        assert_eq!(with(&[]).custom_metrics_window, Duration::from_secs(30));
+        with(&["--custom-metrics-window", "10s"])
+            .validate()
+            .expect("valid");
+        with(&["--custom-metrics-window", "10m"])
+            .validate()
+            .expect("valid");
+        for bad in [
+            &["--custom-metrics-window", "9s"][..],
+            &["--custom-metrics-window", "11m"],
+            &["--custom-metrics-window", "20s", "--resolution", "6s"],
+        ] {
+            let err = with(bad).validate().expect_err("invalid").to_string();
+            assert!(err.contains("--custom-metrics-window"), "{err}");
         }
     }
 

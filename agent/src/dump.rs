@@ -43,6 +43,10 @@ pub struct CgroupLine<'a> {
     /// See `pressure_cpu_some_ns`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pressure_memory_some_ns: Option<u64>,
+    /// The PSI totals as of the kernel's last averaging, and its instant (kernel clock, ns):
+    /// eBPF only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pressure_averaged: Option<crate::sample::PsiAveraged>,
     /// CFS periods with runnable tasks (`--custom-metrics`; cgroups with a CPU quota).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cfs_periods: Option<u64>,
@@ -91,6 +95,7 @@ pub fn cgroup_line<'a>(snap: &Snapshot, c: &'a CgroupSample) -> CgroupLine<'a> {
             .map(|b| b.0),
         pressure_cpu_some_ns: c.pressure.map(|p| p.cpu_some_ns),
         pressure_memory_some_ns: c.pressure.map(|p| p.memory_some_ns),
+        pressure_averaged: c.pressure.and_then(|p| p.averaged),
         cfs_periods: c.throttling.map(|t| t.periods),
         cfs_throttled_periods: c.throttling.map(|t| t.throttled),
         kubernetes: attribution_json(&c.path),
@@ -261,6 +266,7 @@ mod tests {
         assert!(c.get("pressure_cpu_some_ns").is_none() && c.get("cfs_periods").is_none());
         let mut with_signals = with_swap;
         with_signals.cgroups[0].pressure = Some(crate::sample::Pressure {
+            averaged: None,
             cpu_some_ns: 11,
             memory_some_ns: 12,
         });

@@ -87,6 +87,12 @@ pub struct PsiLayout {
     /// `struct psi_group` → `enabled` (the cgroup's `cgroup.pressure`); `u64::MAX` where
     /// the kernel has no such switch.
     pub enabled: u64,
+    /// `struct psi_group` → `avg_total[PSI_CPU_SOME]` (ns): the total as of `avg_at`.
+    pub avg_cpu_some: u64,
+    /// `struct psi_group` → `avg_total[PSI_MEM_SOME]` (ns).
+    pub avg_memory_some: u64,
+    /// `struct psi_group` → `avg_last_update` (`sched_clock` ns of the last averaging).
+    pub avg_at: u64,
 }
 
 /// Where a cgroup's CFS bandwidth counters are.
@@ -249,10 +255,25 @@ fn psi_layout(k: &Kbtf<'_>) -> Result<PsiLayout, LayoutError> {
         let state = k.enum_value("psi_states", state)?;
         Ok(total_off + (avgs * row_len + state) * elem)
     };
+    // `u64 avg_total[NR_PSI_STATES - 1]` and `u64 avg_last_update`, written together.
+    let (avg_off, avg_elem) = k.array_member("psi_group", "avg_total")?;
+    let avg_len = k.array_len("psi_group", "avg_total")?;
+    if avg_len != row_len || avg_elem != elem {
+        return Err(LayoutError::Unexpected(format!(
+            "psi_group.avg_total has {avg_len} entries of {avg_elem} bytes, total's rows \
+             {row_len} of {elem}"
+        )));
+    }
+    let avg_total = |state: &str| -> Result<u64, LayoutError> {
+        Ok(avg_off + k.enum_value("psi_states", state)? * elem)
+    };
     Ok(PsiLayout {
         cgroup_psi,
         cpu_some: total("PSI_CPU_SOME")?,
         memory_some: total("PSI_MEM_SOME")?,
+        avg_cpu_some: avg_total("PSI_CPU_SOME")?,
+        avg_memory_some: avg_total("PSI_MEM_SOME")?,
+        avg_at: k.member("psi_group", &["avg_last_update"])?.0,
         enabled: k
             .member("psi_group", &["enabled"])
             .map_or(u64::MAX, |(off, _)| off),
@@ -503,6 +524,7 @@ mod tests {
         if Path::new("/proc/pressure/cpu").exists() {
             let psi = l.psi.expect("PSI layout");
             assert_eq!(psi.cpu_some - psi.memory_some, 16, "{l:?}");
+            assert_eq!(psi.avg_cpu_some - psi.avg_memory_some, 16, "{l:?}");
         }
         if let Some(cfs) = l.cfs {
             assert_eq!(cfs.nr_throttled - cfs.nr_periods, 4, "{l:?}");

@@ -30,3 +30,4 @@ pub mod sample;
 pub mod selfmetrics;
 pub mod ship;
 pub mod starttime;
+pub mod window;

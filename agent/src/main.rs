@@ -13,6 +13,7 @@ use kpulse_agent::{
     run::TickLoop,
     selfmetrics::{self, AgentMetrics},
     ship::{self, Credentials, Replicas, ShipConfig, Shipper},
+    window::Windows,
 };
 use tracing::{info, warn};
 
@@ -181,6 +182,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         collector,
         attributor,
         resolution: args.collect.resolution,
+        windows: args
+            .collect
+            .custom_metrics
+            .then(|| Windows::new(args.custom_metrics_window, args.collect.resolution)),
         procs_root,
         metrics,
     }

@@ -236,6 +236,13 @@ fn open_object(
         .override_global(globals::PSI_CPU_SOME, &signals.psi_cpu_some, true)
         .override_global(globals::PSI_MEMORY_SOME, &signals.psi_memory_some, true)
         .override_global(globals::PSI_ENABLED, &signals.psi_enabled, true)
+        .override_global(globals::PSI_AVG_CPU_SOME, &signals.psi_avg_cpu_some, true)
+        .override_global(
+            globals::PSI_AVG_MEMORY_SOME,
+            &signals.psi_avg_memory_some,
+            true,
+        )
+        .override_global(globals::PSI_AVG_LAST_UPDATE, &signals.psi_avg_at, true)
         .override_global(globals::CGROUP_CPU_CSS, &signals.cgroup_cpu_css, true)
         .override_global(globals::TG_QUOTA, &signals.tg_quota, true)
         .override_global(globals::TG_NR_PERIODS, &signals.tg_nr_periods, true);
@@ -285,6 +292,9 @@ struct SignalGlobals {
     psi_cpu_some: u64,
     psi_memory_some: u64,
     psi_enabled: u64,
+    psi_avg_cpu_some: u64,
+    psi_avg_memory_some: u64,
+    psi_avg_at: u64,
     cgroup_cpu_css: u64,
     tg_quota: u64,
     tg_nr_periods: u64,
@@ -309,6 +319,9 @@ impl SignalGlobals {
                     g.psi_cpu_some = p.cpu_some;
                     g.psi_memory_some = p.memory_some;
                     g.psi_enabled = p.enabled;
+                    g.psi_avg_cpu_some = p.avg_cpu_some;
+                    g.psi_avg_memory_some = p.avg_memory_some;
+                    g.psi_avg_at = p.avg_at;
                 }
                 // The reason was logged with the layout.
                 None => {}
@@ -1063,6 +1076,9 @@ mod tests {
                 cpu_some: 2,
                 memory_some: 3,
                 enabled: 4,
+                avg_cpu_some: 12,
+                avg_memory_some: 13,
+                avg_at: 14,
             }),
             cfs: cfs.then_some(CfsLayout {
                 cgroup_cpu_css: 5,
@@ -1087,6 +1103,10 @@ mod tests {
         assert_eq!(g.read, kpulse_common::READ_PSI | kpulse_common::READ_CFS);
         assert_eq!((g.cgroup_psi, g.psi_cpu_some, g.psi_memory_some), (1, 2, 3));
         assert_eq!(g.psi_enabled, 4);
+        assert_eq!(
+            (g.psi_avg_cpu_some, g.psi_avg_memory_some, g.psi_avg_at),
+            (12, 13, 14)
+        );
         assert_eq!((g.cgroup_cpu_css, g.tg_quota, g.tg_nr_periods), (5, 6, 7));
 
         let off = SignalGlobals::new(Signals::default(), &layout(true, true), true);

@@ -1,5 +1,6 @@
 //! `kpulse-agent run`'s loop: every `--resolution`, after a random phase offset (so that the
-//! agents of a cluster do not push in step), collect → attribute → publish one [`Tick`].
+//! agents of a cluster do not push in step), collect → (with `--custom-metrics`, the
+//! [`Windows`] of pressure and throttling) → attribute → publish one [`Tick`].
 //!
 //! The loop runs on a thread of its own (from the blocking pool): the collector reads files
 //! or walks BPF maps, the join with the [`PodIndex`](crate::attribute::PodIndex) and the
@@ -22,6 +23,7 @@ use crate::{
     sample::Snapshot,
     selfmetrics::AgentMetrics,
     ship::{Publisher, Shipper, Tick},
+    window::Windows,
 };
 
 /// Why the loop ended other than by `stop`.
@@ -40,6 +42,8 @@ pub struct TickLoop {
     pub attributor: Attributor,
     /// Tick interval.
     pub resolution: Duration,
+    /// With `--custom-metrics`: each cgroup's pressure and throttling over the window.
+    pub windows: Option<Windows>,
     /// Where containers' start times are read (`cgroup.procs`) when the collector has no
     /// creation instant: the cgroup2 mount; `None`: creation instants only (see
     /// `starttime`).
@@ -118,6 +122,7 @@ impl TickLoop {
             mut collector,
             attributor,
             resolution,
+            mut windows,
             procs_root,
             metrics,
         } = self;
@@ -145,6 +150,10 @@ impl TickLoop {
             due = next_tick(due, resolution, Instant::now());
             if let Some(step) = crate::clock::check() {
                 metrics.clock_steps.inc();
+                // Timestamps jumped: no share may span the step either.
+                if let Some(w) = windows.as_mut() {
+                    w.clear();
+                }
                 tracing::warn!(
                     %step,
                     "the wall clock stepped: timestamps follow it from this tick on; every \
@@ -154,7 +163,10 @@ impl TickLoop {
             let index = attributor.current();
             let started = Instant::now();
             let result = collector.collect().map(|s| {
-                let mut a = joins.join(&index, &s);
+                if let Some(w) = windows.as_mut() {
+                    w.observe(&s);
+                }
+                let mut a = joins.join(&index, &s, windows.as_ref());
                 let found = starts.fill(&s, collector.as_ref(), &mut a.counters);
                 (s, a, found)
             });

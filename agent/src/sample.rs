@@ -69,6 +69,24 @@ pub struct Pressure {
     pub cpu_some_ns: u64,
     /// `memory.pressure` `some total=`, nanoseconds.
     pub memory_some_ns: u64,
+    /// The same totals as of the kernel's last averaging, with its instant (eBPF only:
+    /// what the windows are taken between, see `window`). `None` from the files, whose
+    /// reads bring the totals up to date themselves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub averaged: Option<PsiAveraged>,
+}
+
+/// PSI totals as the kernel's averaging last wrote them (`psi_group.avg_total`,
+/// `avg_last_update`): a consistent reading at a known instant, which later reads of the
+/// pressure files do not move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PsiAveraged {
+    /// When (`sched_clock`, ns: the kernel's own clock, only differences mean anything).
+    pub at_ns: u64,
+    /// CPU `some` total then, ns.
+    pub cpu_some_ns: u64,
+    /// Memory `some` total then, ns.
+    pub memory_some_ns: u64,
 }
 
 /// CFS bandwidth counters of one cgroup with a CPU quota (`cpu.stat`): the cgroup's own, not

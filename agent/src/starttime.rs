@@ -205,6 +205,7 @@ mod tests {
             cpu: kpulse_wire::CpuNanos(0),
             memory_working_set: kpulse_wire::Bytes(0),
             swap: None,
+            signals: None,
         }
     }
 
@@ -257,6 +258,7 @@ mod tests {
                 container("old", 8),
                 container("hidden", 9),
             ],
+            signals: None,
         }];
         let mut st = StartTimes::new(Some(&root));
         let found = st.fill(&snap, &collector, &mut counters);
@@ -294,6 +296,7 @@ mod tests {
         let mut counters = vec![PodCounters {
             uid: "u".into(),
             containers: vec![container("new", 7), container("old", 8)],
+            signals: None,
         }];
         let found = StartTimes::new(None).fill(&snap, &Births(vec![(7, 1)]), &mut counters);
         assert_eq!(

@@ -449,6 +449,24 @@ fn signals_against_files(
             ));
         }
     }
+    // The eBPF walk's averaged readings: present, and never ahead of the current totals.
+    let snap = ebpf.collect().expect("collect");
+    let p = pressure("throttled");
+    checks += 1;
+    match find(&snap, &path).pressure.and_then(|p| p.averaged) {
+        Some(a) if a.at_ns > 0 && a.cpu_some_ns <= p.cpu_some_ns && a.cpu_some_ns > 0 => {}
+        other => failures.push(format!(
+            "ebpf: averaged PSI reading {other:?}, files then {p:?}"
+        )),
+    }
+    checks += windows_against_files(
+        [&mut ebpf as &mut dyn Collector, &mut fs],
+        &path,
+        &psi_dir("throttled"),
+        &cfs_dir,
+        v2,
+        failures,
+    );
     // PSI switched off for one cgroup (`cgroup.pressure` 0, which the kernel has had since
     // 6.1): no pressure figure for it, never 0; the others keep theirs.
     let switch = psi_dir("throttled").join("cgroup.pressure");
@@ -472,6 +490,121 @@ fn signals_against_files(
         }
     }
     drop(ebpf);
+    checks
+}
+
+/// The shares `--custom-metrics` sends (`kpulse_agent::window`) against the files, for the
+/// busy loop under a 10 % quota: both collectors every second for a window (10 s) and a few
+/// seconds more, the files every 200 ms meanwhile. Each collector's CPU pressure and
+/// throttled share must lie within ±2 % of the range the files show over spans of the
+/// figure's own length (±200 ms) that end at the collection, or (eBPF, whose windows end at
+/// the kernel's last averaging) up to 2 s and a tick before it.
+fn windows_against_files(
+    collectors: [&mut dyn Collector; 2],
+    path: &str,
+    psi_dir: &Path,
+    cfs_dir: &Path,
+    v2: bool,
+    failures: &mut Vec<String>,
+) -> usize {
+    use kpulse_agent::window::Windows;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const WINDOW: Duration = Duration::from_secs(10);
+    const EVERY: Duration = Duration::from_millis(200);
+    let now = || kpulse_wire::UnixNanos::from_system_time(std::time::SystemTime::now()).0;
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    // (t, cpu some ns, periods, throttled)
+    let sampler = {
+        let (stop, psi_dir, cfs_dir) = (stop.clone(), psi_dir.to_path_buf(), cfs_dir.to_path_buf());
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let p = cgroupfs::pressure(&psi_dir).ok().flatten();
+                let t = cgroupfs::throttling(&cfs_dir, v2).ok().flatten();
+                if let (Some(p), Some(t)) = (p, t) {
+                    v.push((now(), p.cpu_some_ns, t.periods, t.throttled));
+                }
+                std::thread::sleep(EVERY);
+            }
+            v
+        })
+    };
+    let mut windows = [
+        Windows::new(WINDOW, Duration::from_secs(1)),
+        Windows::new(WINDOW, Duration::from_secs(1)),
+    ];
+    let mut last = [None, None];
+    let [a, b] = collectors;
+    let mut collectors = [a, b];
+    let until = Instant::now() + WINDOW + Duration::from_secs(4);
+    while Instant::now() < until {
+        for (i, c) in collectors.iter_mut().enumerate() {
+            let snap = c.collect().expect("collect");
+            windows[i].observe(&snap);
+            let id = find(&snap, path).id;
+            last[i] = Some((c.source(), snap.timestamp.0, windows[i].figures(id)));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    std::thread::sleep(EVERY * 2);
+    stop.store(true, Ordering::Relaxed);
+    let files = sampler.join().expect("the file sampler");
+    let mut checks = 0;
+    for (source, end, figures) in last.into_iter().flatten() {
+        let slack: u64 = if source == Source::Ebpf {
+            3_500_000_000
+        } else {
+            300_000_000
+        };
+        let every = EVERY.as_nanos() as u64;
+        for (what, fraction) in [
+            ("cpu pressure", figures.and_then(|f| f.signals.cpu_pressure)),
+            ("throttled", figures.and_then(|f| f.signals.cpu_throttled)),
+        ] {
+            checks += 1;
+            let Some(f) = fraction else {
+                failures.push(format!("{source} {what}: no share after a window"));
+                continue;
+            };
+            let got = f64::from(f.ppm) / 1e6;
+            let w = u64::from(f.window_ms) * 1_000_000;
+            let mut range: Option<(f64, f64)> = None;
+            for e in files
+                .iter()
+                .filter(|e| e.0 + slack + every >= end && e.0 <= end + every)
+            {
+                for s in files
+                    .iter()
+                    .filter(|s| s.0 + w <= e.0 + every && e.0 <= s.0 + w + every)
+                {
+                    let share = if what == "throttled" {
+                        let periods = e.2.saturating_sub(s.2);
+                        (periods > 0).then(|| e.3.saturating_sub(s.3) as f64 / periods as f64)
+                    } else {
+                        let dt = e.0.saturating_sub(s.0);
+                        (dt > 0).then(|| e.1.saturating_sub(s.1) as f64 / dt as f64)
+                    };
+                    if let Some(v) = share {
+                        range = Some(range.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))));
+                    }
+                }
+            }
+            println!(
+                "accuracy: {source:8} window {what:12}: {got:.6} over {} ms, files {range:?}",
+                f.window_ms
+            );
+            match range {
+                Some((lo, hi))
+                    if got >= lo * (1.0 - TOLERANCE)
+                        && got <= hi * (1.0 + TOLERANCE)
+                        && f.window_ms >= WINDOW.as_millis() as u32 => {}
+                _ => failures.push(format!(
+                    "{source} window {what}: {got} over {} ms, files {range:?}",
+                    f.window_ms
+                )),
+            }
+        }
+    }
     checks
 }
 

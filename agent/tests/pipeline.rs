@@ -929,8 +929,10 @@ fn spawn_sim(node: &'static str, replicas: Vec<String>, pki: &Pki) -> tokio::tas
                             cpu: cpu(*rate),
                             memory_working_set: kpulse_wire::Bytes(32 << 20),
                             swap: None,
+                            signals: None,
                         })
                         .collect(),
+                    signals: None,
                 })
                 .collect();
             shipper.publish(Tick {

@@ -77,6 +77,7 @@ fn node_batch(n: usize, tick: u64) -> NodeBatch {
                     cpu: CpuNanos(tick * (100_000_000 + k as u64)),
                     memory_working_set: Bytes(64 << 20),
                     swap: None,
+                    signals: None,
                 })
                 .collect();
             PodSample {
@@ -84,6 +85,7 @@ fn node_batch(n: usize, tick: u64) -> NodeBatch {
                 namespace,
                 name,
                 containers,
+                signals: None,
             }
         })
         .collect();

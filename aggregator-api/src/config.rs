@@ -133,6 +133,12 @@ pub struct Config {
     /// "The served window", for the measured trade-off.
     #[arg(long, env = "KPULSE_METRIC_WINDOW", default_value = "1s", value_parser = duration)]
     pub metric_window: std::time::Duration,
+    /// Also serve `custom.metrics.k8s.io` (`cpu_pressure`, `memory_pressure`,
+    /// `cpu_throttled_ratio` of pods and containers) from what agents run with
+    /// `--custom-metrics` send. Off by default; the `custom-metrics` overlay turns it on and
+    /// registers the APIServices.
+    #[arg(long, env = "KPULSE_CUSTOM_METRICS")]
+    pub custom_metrics: bool,
     /// A watch without `timeoutSeconds` ends after a random time between this and twice
     /// this (as the apiserver's flag of the same name).
     #[arg(long, env = "KPULSE_MIN_REQUEST_TIMEOUT", default_value = "1800", value_parser = parse_seconds)]

@@ -1101,7 +1101,9 @@ mod tests {
                 cpu: CpuNanos(t / 1000),
                 memory_working_set: WireBytes(1 << 20),
                 swap: None,
+                signals: None,
             }],
+            signals: None,
         }
     }
 

@@ -184,6 +184,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let discovery = kpulse_aggregator_api::api::discovery::Discovery::new(
         kpulse_aggregator_api::api::document::Options {
             protobuf: true,
+            custom_metrics: cfg.custom_metrics,
             ..kpulse_aggregator_api::api::document::Options::for_secure_port(cfg.secure_port)
         },
     )

@@ -977,8 +977,10 @@ mod tests {
                         cpu: CpuNanos(t - T0),
                         memory_working_set: Bytes(1 << 20),
                         swap: None,
+                        signals: None,
                     })
                     .collect(),
+                signals: None,
             }],
         }
     }

@@ -291,6 +291,7 @@ impl Session {
                             namespace: meta.namespace.clone(),
                             name: meta.name.clone(),
                             containers: c.containers,
+                            signals: c.signals,
                         });
                     }
                 }
@@ -606,7 +607,9 @@ mod tests {
                 cpu: CpuNanos((t - T0) / 2),
                 memory_working_set: Bytes(1 << 20),
                 swap: None,
+                signals: None,
             }],
+            signals: None,
         }
     }
 

@@ -247,6 +247,7 @@ fn tick(start: u64, now: u64, cache: bool) -> (NodeSample, Vec<PodCounters>) {
         cpu: CpuNanos(cpu),
         memory_working_set: kpulse_wire::Bytes(mem),
         swap: None,
+        signals: None,
     };
     let boot = start - 3_600_000_000_000;
     let node = NodeSample {
@@ -262,11 +263,13 @@ fn tick(start: u64, now: u64, cache: bool) -> (NodeSample, Vec<PodCounters>) {
             container("app", t * 3 / 10, 64 << 20),
             container("sidecar", t * 2 / 10, 16 << 20),
         ],
+        signals: None,
     }];
     if cache {
         pods.push(PodCounters {
             uid: "u-cache".into(),
             containers: vec![container("redis", 0, 200 << 20)],
+            signals: None,
         });
     }
     (node, pods)

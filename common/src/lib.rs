@@ -7,7 +7,7 @@
 #![no_std]
 
 /// Version of [`CgroupRecord`]'s layout. The agent refuses records of another version.
-pub const RECORD_VERSION: u32 = 5;
+pub const RECORD_VERSION: u32 = 6;
 
 /// Name of the `BPF_F_MMAPABLE` array the iterator fills: record `i` of a walk is the
 /// `i`-th cgroup visited, in the walk's region (see [`WalkEnd::region`]). Its size is set
@@ -61,6 +61,11 @@ pub const READ_CFS: u64 = 1 << 1;
 /// - `psi_cpu_some_ns`, `psi_memory_some_ns`: `cgroup->psi->total[PSI_AVGS][…]`, the
 ///   totals `cpu.pressure` and `memory.pressure` print as `some … total=` (µs there), as of
 ///   the kernel's last update of them (its 2 s averaging work, or a read of the files);
+/// - `psi_avg_cpu_some_ns`, `psi_avg_memory_some_ns`, `psi_avg_at_ns`:
+///   `cgroup->psi->avg_total[…]` and `avg_last_update`, which the kernel's averaging writes
+///   together: the same totals as of that instant (kernel `sched_clock`, ns), unaffected by
+///   reads of the files in between; the windows of `custom.metrics.k8s.io` are taken
+///   between such instants;
 /// - `cfs_periods`, `cfs_throttled`: the cgroup's own (not hierarchical) CFS bandwidth
 ///   counters, `nr_periods` and `nr_throttled` of `cpu.stat`.
 #[repr(C)]
@@ -97,6 +102,12 @@ pub struct CgroupRecord {
     pub cfs_periods: u64,
     /// Of those, periods in which the cgroup was throttled ([`FLAG_CFS`]).
     pub cfs_throttled: u64,
+    /// PSI `some` total of CPU as of [`CgroupRecord::psi_avg_at_ns`] ([`FLAG_PSI`]).
+    pub psi_avg_cpu_some_ns: u64,
+    /// PSI `some` total of memory as of [`CgroupRecord::psi_avg_at_ns`] ([`FLAG_PSI`]).
+    pub psi_avg_memory_some_ns: u64,
+    /// When the kernel's averaging last ran for the cgroup (`sched_clock`, ns).
+    pub psi_avg_at_ns: u64,
     /// Identifies the cgroup's current name: the address of its kernfs node's name string.
     /// Kernfs names are immutable strings; renaming (possible on v1 hierarchies only)
     /// allocates a new one, so a cgroup with the same id and key has the same name. Walks
@@ -201,6 +212,12 @@ pub mod globals {
     pub const PSI_MEMORY_SOME: &str = "OFF_PSI_MEMORY_SOME";
     /// `struct psi_group` → `enabled` (`u64::MAX`: the kernel has no such switch).
     pub const PSI_ENABLED: &str = "OFF_PSI_ENABLED";
+    /// `struct psi_group` → `avg_total[PSI_CPU_SOME]`.
+    pub const PSI_AVG_CPU_SOME: &str = "OFF_PSI_AVG_CPU_SOME";
+    /// `struct psi_group` → `avg_total[PSI_MEM_SOME]`.
+    pub const PSI_AVG_MEMORY_SOME: &str = "OFF_PSI_AVG_MEMORY_SOME";
+    /// `struct psi_group` → `avg_last_update`.
+    pub const PSI_AVG_LAST_UPDATE: &str = "OFF_PSI_AVG_LAST_UPDATE";
     /// `offsetof(struct cgroup, subsys[cpu_cgrp_id])`.
     pub const CGROUP_CPU_CSS: &str = "OFF_CGROUP_CPU_CSS";
     /// `struct task_group` → `cfs_bandwidth.quota`.

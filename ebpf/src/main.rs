@@ -91,6 +91,12 @@ static OFF_PSI_MEMORY_SOME: u64 = 0;
 #[no_mangle]
 static OFF_PSI_ENABLED: u64 = u64::MAX;
 #[no_mangle]
+static OFF_PSI_AVG_CPU_SOME: u64 = 0;
+#[no_mangle]
+static OFF_PSI_AVG_MEMORY_SOME: u64 = 0;
+#[no_mangle]
+static OFF_PSI_AVG_LAST_UPDATE: u64 = 0;
+#[no_mangle]
 static OFF_CGROUP_CPU_CSS: u64 = 0;
 #[no_mangle]
 static OFF_TG_QUOTA: u64 = 0;
@@ -242,6 +248,9 @@ pub extern "C" fn cgroup_stats(ctx: *const IterCgroupCtx) -> i32 {
         w(&raw mut rec.psi_memory_some_ns, 0);
         w(&raw mut rec.cfs_periods, 0);
         w(&raw mut rec.cfs_throttled, 0);
+        w(&raw mut rec.psi_avg_cpu_some_ns, 0);
+        w(&raw mut rec.psi_avg_memory_some_ns, 0);
+        w(&raw mut rec.psi_avg_at_ns, 0);
         w(&raw mut rec.name_key, 0);
     }
     if fill(cgrp, rec, &previous, region).is_err() {
@@ -352,6 +361,11 @@ fn fill(cgrp: u64, rec: &mut CgroupRecord, previous: &Previous, region: u64) -> 
                 rec.flags |= FLAG_PSI;
                 rec.psi_cpu_some_ns = load_u64(psi, global(&OFF_PSI_CPU_SOME));
                 rec.psi_memory_some_ns = load_u64(psi, global(&OFF_PSI_MEMORY_SOME));
+                // Written together by the kernel's averaging (no lock for readers: a torn
+                // read shows as a point a little off, replaced by the next update's).
+                rec.psi_avg_at_ns = load_u64(psi, global(&OFF_PSI_AVG_LAST_UPDATE));
+                rec.psi_avg_cpu_some_ns = load_u64(psi, global(&OFF_PSI_AVG_CPU_SOME));
+                rec.psi_avg_memory_some_ns = load_u64(psi, global(&OFF_PSI_AVG_MEMORY_SOME));
             }
         }
         if signals & READ_CFS != 0 {

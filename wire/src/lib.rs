@@ -149,6 +149,10 @@ pub struct PodSample {
     pub name: String,
     /// Every container of the pod the agent measured; all of them, or the pod is left out.
     pub containers: Vec<ContainerSample>,
+    /// The pod's pressure and throttling over the agent's window (protocol 1.2); absent
+    /// unless the agent runs with `--custom-metrics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signals: Option<Signals>,
 }
 
 /// One container's counters at one instant.
@@ -176,6 +180,74 @@ pub struct ContainerSample {
     /// nodes with swap, absent elsewhere. Added in protocol 1.1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub swap: Option<Bytes>,
+    /// This instance's pressure and throttling over the agent's window (protocol 1.2);
+    /// absent unless the agent runs with `--custom-metrics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signals: Option<Signals>,
+}
+
+/// What share of a trailing window a cgroup spent stalled or throttled: the difference of
+/// two kernel readings of a cumulative counter, divided by what it is a share of. The agent
+/// computes these (it keeps each cgroup's readings over its window); the server serves them
+/// as they come. Added in protocol 1.2; every figure is optional, and absent where the
+/// kernel keeps no such counter for the cgroup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Signals {
+    /// PSI `some` for CPU: the share of the window in which at least one task waited for a
+    /// CPU (`cpu.pressure`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_pressure: Option<Fraction>,
+    /// PSI `some` for memory (`memory.pressure`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_pressure: Option<Fraction>,
+    /// The share of CFS periods in the window in which the quota ran out (`cpu.stat`
+    /// `nr_throttled / nr_periods`; 0 when no period ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_throttled: Option<Fraction>,
+}
+
+impl Signals {
+    /// Whether no figure is present.
+    pub fn is_empty(&self) -> bool {
+        self.cpu_pressure.is_none()
+            && self.memory_pressure.is_none()
+            && self.cpu_throttled.is_none()
+    }
+}
+
+/// A share of a window, in integers: `ppm` parts per million (0 to [`Fraction::WHOLE`])
+/// over `window_ms` milliseconds ending at the sample's timestamp or shortly before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fraction {
+    /// Parts per million of the window.
+    pub ppm: u32,
+    /// The window the share is of, in milliseconds.
+    pub window_ms: u32,
+}
+
+impl Fraction {
+    /// One whole window, in parts per million.
+    pub const WHOLE: u32 = 1_000_000;
+
+    /// `part / whole` over `window_ms`, rounded to the nearest part per million and capped
+    /// at one whole; `None` when `whole` is 0.
+    pub fn of(part: u64, whole: u64, window_ms: u32) -> Option<Fraction> {
+        if whole == 0 {
+            return None;
+        }
+        let ppm = (u128::from(part) * u128::from(Fraction::WHOLE) + u128::from(whole) / 2)
+            / u128::from(whole);
+        Some(Fraction {
+            ppm: u32::try_from(ppm.min(u128::from(Fraction::WHOLE))).unwrap_or(Fraction::WHOLE),
+            window_ms,
+        })
+    }
+
+    /// Whether a peer could have sent this: a share of at most one whole of a window
+    /// longer than zero.
+    pub fn is_valid(&self) -> bool {
+        self.ppm <= Fraction::WHOLE && self.window_ms > 0
+    }
 }
 
 #[cfg(test)]
@@ -205,7 +277,9 @@ mod tests {
                     cpu: CpuNanos(1_000),
                     memory_working_set: Bytes(1 << 20),
                     swap: None,
+                    signals: None,
                 }],
+                signals: None,
             }],
         }
     }
@@ -250,6 +324,61 @@ mod tests {
         assert_eq!(json["pods"][0]["containers"][0]["swap"], 0);
         let back: NodeBatch = serde_json::from_value(json).expect("deserialize");
         assert_eq!(back, b);
+    }
+
+    /// Signals (protocol 1.2) are written only when present, and only the figures present.
+    #[test]
+    fn signals_are_written_only_when_present() {
+        let mut b = batch();
+        let json = serde_json::to_string(&b).expect("serialize");
+        assert!(!json.contains("signals"), "{json}");
+        let share = Fraction::of(1, 4, 30_000);
+        b.pods[0].signals = Some(Signals {
+            cpu_pressure: share,
+            ..Signals::default()
+        });
+        b.pods[0].containers[0].signals = Some(Signals {
+            cpu_throttled: Fraction::of(0, 7, 29_500),
+            ..Signals::default()
+        });
+        let json = serde_json::to_value(&b).expect("serialize");
+        assert_eq!(
+            json["pods"][0]["signals"],
+            serde_json::json!({"cpu_pressure": {"ppm": 250_000, "window_ms": 30_000}})
+        );
+        assert_eq!(
+            json["pods"][0]["containers"][0]["signals"],
+            serde_json::json!({"cpu_throttled": {"ppm": 0, "window_ms": 29_500}})
+        );
+        let back: NodeBatch = serde_json::from_value(json).expect("deserialize");
+        assert_eq!(back, b);
+    }
+
+    #[test]
+    fn fractions_round_cap_and_refuse_an_empty_whole() {
+        assert_eq!(Fraction::of(1, 3, 1).map(|f| f.ppm), Some(333_333));
+        assert_eq!(Fraction::of(2, 3, 1).map(|f| f.ppm), Some(666_667));
+        assert_eq!(Fraction::of(5, 4, 1).map(|f| f.ppm), Some(Fraction::WHOLE));
+        assert_eq!(
+            Fraction::of(u64::MAX, u64::MAX, 1).map(|f| f.ppm),
+            Some(Fraction::WHOLE)
+        );
+        assert_eq!(Fraction::of(0, 0, 1), None);
+        assert!(Fraction {
+            ppm: Fraction::WHOLE,
+            window_ms: 1
+        }
+        .is_valid());
+        assert!(!Fraction {
+            ppm: Fraction::WHOLE + 1,
+            window_ms: 1
+        }
+        .is_valid());
+        assert!(!Fraction {
+            ppm: 0,
+            window_ms: 0
+        }
+        .is_valid());
     }
 
     #[test]

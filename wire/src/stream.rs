@@ -28,7 +28,9 @@
 //! ([`Version::check`]).
 //!
 //! History: 1.0, the first; 1.1 adds `swap` to [`crate::NodeSample`] and
-//! [`crate::ContainerSample`] (sent on nodes with swap only).
+//! [`crate::ContainerSample`] (sent on nodes with swap only); 1.2 adds `signals` (pressure
+//! and throttling over the agent's window, [`crate::Signals`]) to [`crate::ContainerSample`]
+//! and [`PodCounters`] (sent by agents run with `--custom-metrics` only).
 //!
 //! # Framing
 //!
@@ -43,7 +45,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ContainerSample, NodeSample, UnixNanos};
+use crate::{ContainerSample, NodeSample, Signals, UnixNanos};
 
 /// The request path of the stream.
 pub const STREAM_PATH: &str = "/kpulse.wire/v1/stream";
@@ -52,7 +54,7 @@ pub const STREAM_PATH: &str = "/kpulse.wire/v1/stream";
 pub const VERSION_HEADER: &str = "kpulse-wire-version";
 
 /// The protocol version this crate speaks.
-pub const VERSION: Version = Version { major: 1, minor: 1 };
+pub const VERSION: Version = Version { major: 1, minor: 2 };
 
 /// The largest frame either end accepts: a node with 1,000 pods of 4 containers, with
 /// labels, is about 1 MiB of JSON.
@@ -159,6 +161,10 @@ pub struct PodCounters {
     /// Every container of the pod, or the pod is left out of the tick (as
     /// [`crate::PodSample`]).
     pub containers: Vec<ContainerSample>,
+    /// The pod's pressure and throttling (protocol 1.2, `--custom-metrics`), as
+    /// [`crate::PodSample::signals`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signals: Option<Signals>,
 }
 
 /// The whole node.
@@ -398,7 +404,9 @@ mod tests {
                         cpu: CpuNanos(3),
                         memory_working_set: Bytes(4),
                         swap: None,
+                        signals: None,
                     }],
+                    signals: None,
                 }],
                 previous: None,
             }),

@@ -40,6 +40,7 @@ fn write_seeds() {
         cpu: CpuNanos(1_268_270_216),
         memory_working_set: Bytes(74_625_024),
         swap: None,
+        signals: None,
     };
     let pod = |uid: &str, name: &str| PodMeta {
         uid: uid.into(),
@@ -50,6 +51,7 @@ fn write_seeds() {
     let counters = vec![PodCounters {
         uid: "5f8c0f2a-1b2c-4d3e-9f00-0123456789ab".into(),
         containers: vec![container("app", 4711), container("sidecar", 4712)],
+        signals: None,
     }];
     let agent = [
         AgentMessage::Hello(Hello {

@@ -76,6 +76,7 @@
 
 use serde::Serialize;
 
+use super::custom::{self, CustomDiscovery};
 use super::document::{
     sha512_hex, Document, EtagRule, NotAcceptable, Options, RESOURCES, VERSIONS,
 };
@@ -95,15 +96,21 @@ pub struct Discovery {
     /// v2, v2beta1.
     aggregated: [[Document; 2]; 2],
     openapi: OpenApi,
+    /// `custom.metrics.k8s.io`'s own documents, when it is served.
+    custom: Option<CustomDiscovery>,
 }
 
 impl Discovery {
     /// Builds every document for `options`. Fails only if a document cannot be encoded,
     /// which would be a bug (the OpenAPI definitions are a file in the source tree).
     pub fn new(options: Options) -> Result<Discovery, serde_json::Error> {
+        let mut groups = vec![Group::Metrics(group(&options, true))];
+        if options.custom_metrics {
+            groups.push(Group::Custom(custom::api_group(Some(&options))));
+        }
         let api_group_list = pair(&ApiGroupList {
             kind: "APIGroupList",
-            groups: vec![group(&options, true)],
+            groups,
         })?;
         let api_group = pair(&ApiGroup {
             kind: Some("APIGroup"),
@@ -130,6 +137,11 @@ impl Discovery {
             aggregated_pair(Version::V2Beta1)?,
         ];
         let openapi = OpenApi::new(&options)?;
+        let custom = if options.custom_metrics {
+            Some(CustomDiscovery::new()?)
+        } else {
+            None
+        };
         Ok(Discovery {
             options,
             api_group_list,
@@ -137,12 +149,18 @@ impl Discovery {
             api_resource_lists,
             aggregated,
             openapi,
+            custom,
         })
     }
 
     /// The options the documents were built with.
     pub fn options(&self) -> &Options {
         &self.options
+    }
+
+    /// `custom.metrics.k8s.io`'s documents, when it is served.
+    pub fn custom(&self) -> Option<&CustomDiscovery> {
+        self.custom.as_ref()
     }
 
     /// `GET /apis` with this `Accept` (empty when absent); `pretty` as `request::is_pretty_print` decides.
@@ -229,7 +247,14 @@ fn pair(value: &impl Serialize) -> Result<[Document; 2], serde_json::Error> {
 #[derive(Serialize)]
 struct ApiGroupList<'a> {
     kind: &'static str,
-    groups: Vec<ApiGroup<'a>>,
+    groups: Vec<Group<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Group<'a> {
+    Metrics(ApiGroup<'a>),
+    Custom(custom::ApiGroup<'a>),
 }
 
 #[derive(Serialize)]
@@ -291,7 +316,7 @@ struct AggregatedList {
     #[serde(skip_serializing_if = "Option::is_none")]
     api_version: Option<&'static str>,
     metadata: Empty,
-    items: [AggregatedGroup; 1],
+    items: Vec<AggregatedGroup>,
 }
 
 #[derive(Serialize)]
@@ -322,6 +347,17 @@ struct AggregatedResource {
     response_kind: ResponseKind,
     scope: &'static str,
     singular_resource: &'static str,
+    /// `None`: Go's nil (a parent made up for subresources), written as `null`.
+    verbs: Option<&'static [&'static str]>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    subresources: Vec<AggregatedSubresource>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AggregatedSubresource {
+    subresource: &'static str,
+    response_kind: ResponseKind,
     verbs: &'static [&'static str],
 }
 
@@ -390,7 +426,8 @@ fn aggregated(options: &Options, version: Option<Version>) -> AggregatedList {
                     "Cluster"
                 },
                 singular_resource: "",
-                verbs: options.verbs(),
+                verbs: Some(options.verbs()),
+                subresources: Vec::new(),
             })
             .collect()
     };
@@ -398,7 +435,7 @@ fn aggregated(options: &Options, version: Option<Version>) -> AggregatedList {
         kind: version.map(|_| "APIGroupDiscoveryList"),
         api_version: version.map(Version::api_version),
         metadata: Empty {},
-        items: [AggregatedGroup {
+        items: std::iter::once(AggregatedGroup {
             metadata: Name { name: GROUP },
             versions: VERSIONS
                 .into_iter()
@@ -408,7 +445,50 @@ fn aggregated(options: &Options, version: Option<Version>) -> AggregatedList {
                     freshness: "Current",
                 })
                 .collect(),
-        }],
+        })
+        .chain(options.custom_metrics.then(custom_aggregated))
+        .collect(),
+    }
+}
+
+/// `custom.metrics.k8s.io` as the apiserver converts an `APIResourceList` of subresources
+/// only (`ConvertGroupVersionIntoToDiscovery`): a made-up parent `pods` with an empty kind
+/// and no verbs, holding one subresource per metric.
+fn custom_aggregated() -> AggregatedGroup {
+    let empty = || ResponseKind {
+        group: "",
+        version: "",
+        kind: "",
+    };
+    AggregatedGroup {
+        metadata: Name {
+            name: custom::GROUP,
+        },
+        versions: custom::VERSIONS
+            .into_iter()
+            .map(|v| AggregatedVersion {
+                version: v.version(),
+                resources: vec![AggregatedResource {
+                    resource: "pods",
+                    response_kind: empty(),
+                    scope: "Namespaced",
+                    singular_resource: "",
+                    verbs: None,
+                    subresources: custom::METRICS
+                        .iter()
+                        .map(|m| AggregatedSubresource {
+                            subresource: m.name(),
+                            response_kind: ResponseKind {
+                                kind: "MetricValueList",
+                                ..empty()
+                            },
+                            verbs: &["get"],
+                        })
+                        .collect(),
+                }],
+                freshness: "Current",
+            })
+            .collect(),
     }
 }
 

@@ -74,6 +74,9 @@ pub struct Options {
     pub openapi_title: String,
     /// OpenAPI `info.version`; metrics-server: its version up to the first `-`, e.g. `v0.8.0`.
     pub openapi_version: String,
+    /// `custom.metrics.k8s.io` is served too (`--custom-metrics`, [`super::custom`]): `/apis`
+    /// lists it, and its own discovery documents are built.
+    pub custom_metrics: bool,
 }
 
 impl Options {
@@ -88,6 +91,7 @@ impl Options {
             protobuf: false,
             openapi_title: "kpulse".to_string(),
             openapi_version: concat!("v", env!("CARGO_PKG_VERSION")).to_string(),
+            custom_metrics: false,
         }
     }
 

@@ -38,6 +38,7 @@ use http::{header, HeaderValue, Response, StatusCode};
 use k8s_openapi::jiff;
 
 use super::{
+    custom::{self, CustomRejection},
     discovery::Discovery,
     document::{Document, NotAcceptable, CACHE_CONTROL_IMMUTABLE, CONTENT_TYPE_JSON},
     negotiate::{self, Encoding, Target},
@@ -75,7 +76,9 @@ pub struct ApiContext {
 /// one this handler serves: the caller answers those (`404 page not found`).
 ///
 /// Served: `/apis`, `/openapi/v2`, `/openapi/v3` and `/openapi/v3/<path>` (for any method, as
-/// the apiserver's non-REST handlers do), and everything under `/apis/metrics.k8s.io`.
+/// the apiserver's non-REST handlers do), everything under `/apis/metrics.k8s.io`, and, when
+/// the discovery documents were built with `custom_metrics`, under
+/// `/apis/custom.metrics.k8s.io` ([`custom`]).
 /// `creationTimestamp` of the objects is the current system time, as in metrics-server.
 pub fn handle(ctx: &ApiContext, req: &http::Request<Bytes>) -> Option<Response<Body>> {
     handle_at(ctx, req, SystemTime::now())
@@ -131,6 +134,31 @@ pub fn handle_at<B>(
             if_none_match,
             now,
         ));
+    }
+
+    if let Some(docs) = ctx.discovery.custom() {
+        match custom::parse(&parts) {
+            Err(CustomRejection::NotApi) => {}
+            Err(CustomRejection::Discovery(version)) => {
+                let document = negotiate::discovery(accept).map(|choice| {
+                    let pretty = pretty() || choice.pretty;
+                    match version {
+                        None => docs.group(pretty),
+                        Some(v) => docs.resources(v, pretty),
+                    }
+                });
+                return Some(discovery_response(document, if_none_match));
+            }
+            Err(CustomRejection::Error(e)) => return Some(error_response(&e)),
+            Ok(req) => {
+                let found = custom::find(ctx.store.as_ref(), ctx.metadata.as_ref(), &req)
+                    .and_then(|values| custom::encode(&req, &values));
+                return Some(match found {
+                    Ok((content_type, body)) => respond(StatusCode::OK, content_type, body),
+                    Err(e) => error_response(&e),
+                });
+            }
+        }
     }
 
     let api = match request::parse(&parts) {
@@ -462,7 +490,9 @@ mod tests {
                 cpu: CpuNanos(cpu / 4),
                 memory_working_set: WireBytes(mem),
                 swap: None,
+                signals: None,
             }],
+            signals: None,
         };
         NodeBatch {
             node_name: "n1".into(),
@@ -980,5 +1010,301 @@ mod tests {
                 assert_eq!(a.status, 406, "{path}");
             }
         }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // custom.metrics.k8s.io
+
+    const CM2: &str = "/apis/custom.metrics.k8s.io/v1beta2/namespaces/ns/pods";
+
+    /// `web` (container `app`) and `db` (container `pg`) with signals; `idle` without.
+    fn custom_ctx(enabled: bool) -> ApiContext {
+        use kpulse_wire::{Fraction, Signals};
+        let share = |ppm, window_ms| Some(Fraction { ppm, window_ms });
+        let mut b = batch(T0 + 1_000_000_000, 2_000_000_000);
+        for (i, pod) in b.pods.iter_mut().enumerate() {
+            let i = u32::try_from(i).expect("few pods");
+            pod.signals = Some(Signals {
+                cpu_pressure: share(250_000 + i, 30_000),
+                memory_pressure: None,
+                cpu_throttled: share(500_000 + i, 31_900),
+            });
+            pod.containers[0].signals = Some(Signals {
+                cpu_pressure: share(100_000 + i, 30_000),
+                memory_pressure: share(0, 30_000),
+                // A figure no agent could send is dropped at ingest.
+                cpu_throttled: share(2_000_000, 30_000),
+            });
+        }
+        let c = ctx();
+        let clock = Arc::new(ManualClock::new(UnixNanos(T0)));
+        let store =
+            Store::with_clock(StoreConfig::new(Duration::from_secs(10)), clock).expect("store");
+        store.ingest(b).expect("ingest");
+        ApiContext {
+            store: Arc::new(store),
+            discovery: Arc::new(
+                Discovery::new(crate::api::document::Options {
+                    custom_metrics: enabled,
+                    ..crate::api::document::Options::default()
+                })
+                .expect("documents"),
+            ),
+            ..c
+        }
+    }
+
+    #[test]
+    fn custom_metrics_are_served_only_when_enabled() {
+        let off = custom_ctx(false);
+        assert!(call(&off, req("GET", &format!("{CM2}/*/cpu_pressure"), None)).is_none());
+        assert!(!get(&off, "/apis").text().contains("custom.metrics"));
+        let on = custom_ctx(true);
+        assert_eq!(get(&on, &format!("{CM2}/*/cpu_pressure")).status, 200);
+        // The metrics.k8s.io API is the same either way.
+        assert_eq!(
+            get(&on, &format!("{V1B1}/namespaces/ns/pods")).body,
+            get(&off, &format!("{V1B1}/namespaces/ns/pods")).body
+        );
+    }
+
+    #[test]
+    fn custom_metrics_discovery() {
+        let c = custom_ctx(true);
+        let a = get(&c, "/apis/custom.metrics.k8s.io/v1beta2");
+        assert_eq!(a.status, 200);
+        assert_eq!(
+            a.text(),
+            concat!(
+                r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"custom.metrics.k8s.io/v1beta2","resources":["#,
+                r#"{"name":"pods/cpu_pressure","singularName":"","namespaced":true,"kind":"MetricValueList","verbs":["get"]},"#,
+                r#"{"name":"pods/cpu_throttled_ratio","singularName":"","namespaced":true,"kind":"MetricValueList","verbs":["get"]},"#,
+                r#"{"name":"pods/memory_pressure","singularName":"","namespaced":true,"kind":"MetricValueList","verbs":["get"]}]}"#,
+                "\n"
+            )
+        );
+        let group: serde_json::Value =
+            serde_json::from_slice(&get(&c, "/apis/custom.metrics.k8s.io").body).expect("json");
+        assert_eq!(group["kind"], "APIGroup");
+        assert_eq!(group["preferredVersion"]["version"], "v1beta2");
+        let apis: serde_json::Value = serde_json::from_slice(&get(&c, "/apis").body).expect("json");
+        let names: Vec<&str> = apis["groups"]
+            .as_array()
+            .expect("groups")
+            .iter()
+            .filter_map(|g| g["name"].as_str())
+            .collect();
+        assert_eq!(names, ["metrics.k8s.io", "custom.metrics.k8s.io"]);
+        assert_eq!(
+            apis["groups"][1]["serverAddressByClientCIDRs"][0]["clientCIDR"],
+            "0.0.0.0/0"
+        );
+        // Aggregated discovery: a parent `pods` without kind or verbs, one subresource per
+        // metric, as the apiserver converts such a resource list.
+        let agg = call(
+            &c,
+            req(
+                "GET",
+                "/apis",
+                Some("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"),
+            ),
+        )
+        .expect("served");
+        let agg: serde_json::Value = serde_json::from_slice(&agg.body).expect("json");
+        let custom = &agg["items"][1];
+        assert_eq!(custom["metadata"]["name"], "custom.metrics.k8s.io");
+        let pods = &custom["versions"][0]["resources"][0];
+        assert_eq!(pods["resource"], "pods");
+        assert!(pods["verbs"].is_null());
+        assert_eq!(
+            pods["subresources"][1]["subresource"],
+            "cpu_throttled_ratio"
+        );
+        assert_eq!(
+            pods["subresources"][1]["responseKind"]["kind"],
+            "MetricValueList"
+        );
+    }
+
+    #[test]
+    fn custom_metric_values_json_exact() {
+        let c = custom_ctx(true);
+        // The pods `labelSelector` selects, each pod's own series; `idle` has none.
+        let a = get(
+            &c,
+            &format!("{CM2}/*/cpu_pressure?labelSelector=app%20in%20(web,idle)"),
+        );
+        assert_eq!(a.status, 200);
+        assert_eq!(a.header("content-type"), Some("application/json"));
+        assert_eq!(
+            a.text(),
+            concat!(
+                r#"{"kind":"MetricValueList","apiVersion":"custom.metrics.k8s.io/v1beta2","metadata":{},"items":["#,
+                r#"{"describedObject":{"kind":"Pod","namespace":"ns","name":"web","apiVersion":"v1"},"#,
+                r#""metric":{"name":"cpu_pressure","selector":null},"timestamp":"2023-11-14T22:13:21Z","#,
+                r#""windowSeconds":30,"value":"250m"}]}"#,
+                "\n"
+            )
+        );
+        // v1beta1: `metricName`, `window`, `selector` at the top; pods sorted by name.
+        let a = get(
+            &c,
+            "/apis/custom.metrics.k8s.io/v1beta1/namespaces/ns/pods/*/cpu_throttled_ratio",
+        );
+        let v: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
+        let items = v["items"].as_array().expect("items");
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[0]["describedObject"]["name"], "db");
+        assert_eq!(items[0]["metricName"], "cpu_throttled_ratio");
+        assert_eq!(items[0]["value"], "500001u");
+        assert_eq!(items[0]["window"], 31);
+        assert!(items[0]["selector"].is_null());
+        assert_eq!(items[1]["value"], "500m");
+    }
+
+    #[test]
+    fn custom_metric_container_series() {
+        let c = custom_ctx(true);
+        let a = get(
+            &c,
+            &format!("{CM2}/web/cpu_pressure?metricLabelSelector=container%3Dapp"),
+        );
+        let v: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
+        assert_eq!(v["items"].as_array().map(Vec::len), Some(1));
+        assert_eq!(v["items"][0]["value"], "100m");
+        assert_eq!(
+            v["items"][0]["metric"]["selector"],
+            serde_json::json!({"matchExpressions":[{"key":"container","operator":"In","values":["app"]}]})
+        );
+        // A selector matching no container of the named pod: NotFound, as the library words it.
+        let a = get(
+            &c,
+            &format!("{CM2}/web/cpu_pressure?metricLabelSelector=container%3Dnone"),
+        );
+        assert_eq!(a.status, 404);
+        let v: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
+        assert_eq!(
+            v["message"],
+            "the server could not find the metric cpu_pressure for pods web"
+        );
+        // The invalid throttling figure of the container was dropped at ingest.
+        let a = get(
+            &c,
+            &format!("{CM2}/*/cpu_throttled_ratio?metricLabelSelector=container"),
+        );
+        let v: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
+        assert_eq!(v["items"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn custom_metric_errors() {
+        let c = custom_ctx(true);
+        let message = |target: &str, method: &str| {
+            let a = call(&c, req(method, target, None)).expect("served");
+            let v: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
+            (
+                a.status,
+                v["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        };
+        assert_eq!(
+            message(&format!("{CM2}/*/no_such_metric"), "GET"),
+            (
+                404,
+                "the server could not find the metric no_such_metric for pods".into()
+            )
+        );
+        assert_eq!(
+            message(
+                "/apis/custom.metrics.k8s.io/v1beta2/nodes/n1/cpu_pressure",
+                "GET"
+            ),
+            (
+                404,
+                "the server could not find the metric cpu_pressure for nodes".into()
+            )
+        );
+        assert_eq!(
+            message(
+                "/apis/custom.metrics.k8s.io/v1beta2/namespaces/ns/metrics/cpu_pressure",
+                "GET"
+            ),
+            (
+                404,
+                "the server could not find the metric cpu_pressure for namespaces".into()
+            )
+        );
+        assert_eq!(
+            message(&format!("{CM2}/idle/cpu_pressure"), "GET"),
+            (
+                404,
+                "the server could not find the metric cpu_pressure for pods idle".into()
+            )
+        );
+        assert_eq!(message(&format!("{CM2}/gone/cpu_pressure"), "GET").0, 404);
+        assert_eq!(message(&format!("{CM2}/*/cpu_pressure"), "POST").0, 405);
+        assert_eq!(message("/apis/custom.metrics.k8s.io/v9/x", "GET").0, 404);
+        let (code, text) = message(&format!("{CM2}/*/cpu_pressure?labelSelector=a%20in"), "GET");
+        assert_eq!(code, 400, "{text}");
+        let yaml = call(
+            &c,
+            req(
+                "GET",
+                &format!("{CM2}/*/cpu_pressure"),
+                Some("application/yaml"),
+            ),
+        )
+        .expect("served");
+        assert_eq!(yaml.status, 406);
+    }
+
+    #[test]
+    fn custom_metric_values_protobuf() {
+        use crate::api::custom::{MetricValueListV1beta1, MetricValueListV1beta2};
+        let c = custom_ctx(true);
+        let pb = Some("application/vnd.kubernetes.protobuf");
+        let a = call(&c, req("GET", &format!("{CM2}/*/cpu_pressure"), pb)).expect("served");
+        assert_eq!(a.header("content-type"), Some(proto::MEDIA_TYPE));
+        let list: MetricValueListV1beta2 =
+            proto::decode_object(&a.body, "custom.metrics.k8s.io/v1beta2", "MetricValueList")
+                .expect("decode");
+        let got: Vec<(&str, &str, Option<i64>)> = list
+            .items
+            .iter()
+            .map(|i| {
+                (
+                    i.described_object.name.as_str(),
+                    i.value.string.as_str(),
+                    i.window_seconds,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [("db", "250001u", Some(30)), ("web", "250m", Some(30))]
+        );
+        assert_eq!(list.items[0].metric.name, "cpu_pressure");
+        assert_eq!(list.items[0].described_object.kind, "Pod");
+        let a = call(
+            &c,
+            req(
+                "GET",
+                "/apis/custom.metrics.k8s.io/v1beta1/namespaces/ns/pods/web/memory_pressure?metricLabelSelector=container%3Dapp",
+                pb,
+            ),
+        )
+        .expect("served");
+        let list: MetricValueListV1beta1 =
+            proto::decode_object(&a.body, "custom.metrics.k8s.io/v1beta1", "MetricValueList")
+                .expect("decode");
+        assert_eq!(list.items.len(), 1);
+        assert_eq!(list.items[0].metric_name, "memory_pressure");
+        assert_eq!(list.items[0].value.string, "0");
+        let selector = list.items[0].selector.as_ref().expect("selector");
+        assert_eq!(selector.match_expressions[0].key, "container");
+        // Errors in protobuf too, when asked for.
+        let a = call(&c, req("GET", &format!("{CM2}/*/nope"), pb)).expect("served");
+        assert_eq!(a.status, 404);
+        assert_eq!(a.header("content-type"), Some(proto::MEDIA_TYPE));
     }
 }

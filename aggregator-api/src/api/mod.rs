@@ -2,6 +2,7 @@
 //! land, discovery and request handling. Nothing here reads the store directly: handlers
 //! receive what they need from the caller.
 
+pub mod custom;
 pub mod discovery;
 pub mod document;
 pub mod handler;

@@ -12,7 +12,7 @@ use super::selector::ObjectFields;
 use super::types::{ContainerMetrics, NodeMetrics, PodMetrics};
 use crate::{
     metadata::{MetadataSource, NodeMeta, PodMeta},
-    store::{Clock, NodeMetricsPoint, PodMetricsPoint, Store},
+    store::{Clock, NodeMetricsPoint, PodMetricsPoint, PodSignalsPoint, Store},
 };
 use kpulse_wire::UnixNanos;
 
@@ -23,6 +23,8 @@ pub trait MetricsReader: Send + Sync {
     fn node_metrics(&self, names: &[&str]) -> Vec<Option<NodeMetricsPoint>>;
     /// What is servable of these `(namespace, name)` pods, in the order given.
     fn pod_metrics(&self, pods: &[(&str, &str)]) -> Vec<Option<PodMetricsPoint>>;
+    /// Pressure and throttling of these `(namespace, name)` pods, in the order given.
+    fn pod_signals(&self, pods: &[(&str, &str)]) -> Vec<Option<PodSignalsPoint>>;
     /// Points with these timestamps are about to be served (the freshness histogram).
     fn record_served(&self, timestamps: &mut dyn Iterator<Item = UnixNanos>);
 }
@@ -34,6 +36,10 @@ impl<C: Clock> MetricsReader for Store<C> {
 
     fn pod_metrics(&self, pods: &[(&str, &str)]) -> Vec<Option<PodMetricsPoint>> {
         Store::pod_metrics(self, pods)
+    }
+
+    fn pod_signals(&self, pods: &[(&str, &str)]) -> Vec<Option<PodSignalsPoint>> {
+        Store::pod_signals(self, pods)
     }
 
     fn record_served(&self, timestamps: &mut dyn Iterator<Item = UnixNanos>) {
@@ -197,7 +203,9 @@ mod tests {
                     cpu: CpuNanos(pod_cpu),
                     memory_working_set: Bytes(200 << 20),
                     swap: container_swap.map(Bytes),
+                    signals: None,
                 }],
+                signals: None,
             }],
         }
     }

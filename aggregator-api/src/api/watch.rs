@@ -769,7 +769,9 @@ mod tests {
                         cpu: CpuNanos(*cpu),
                         memory_working_set: WireBytes(100 << 20),
                         swap: None,
+                        signals: None,
                     }],
+                    signals: None,
                 })
                 .collect(),
         }

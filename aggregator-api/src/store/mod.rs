@@ -139,7 +139,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use kpulse_wire::{Bytes, NodeBatch, UnixNanos};
+use kpulse_wire::{Bytes, NodeBatch, Signals, UnixNanos};
 
 mod clock;
 mod key;
@@ -265,6 +265,23 @@ pub struct ContainerMetricsPoint {
     pub memory: Bytes,
     /// Swap at the container's last point; `None` when its node has no swap.
     pub swap: Option<Bytes>,
+}
+
+/// A pod's pressure and throttling over the agent's window (`--custom-metrics`), ready to
+/// become `custom.metrics.k8s.io` values. The store keeps them as the agent computed them:
+/// shares of a window, not counters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodSignalsPoint {
+    /// Namespace and name.
+    pub key: PodKey,
+    /// `metadata.uid` as the agent reported it.
+    pub uid: Arc<str>,
+    /// When the agent read them (its sample's timestamp).
+    pub timestamp: UnixNanos,
+    /// The pod's own figures (pressure of its pod cgroup, throttling over its cgroups).
+    pub pod: Signals,
+    /// Each container's, in the agent's order.
+    pub containers: Vec<(Arc<str>, Signals)>,
 }
 
 /// What one [`Store::ingest`] did, for the ingest layer's metrics and logs.
@@ -434,6 +451,45 @@ impl<C: Clock> Store<C> {
                 let state = cell.state.load();
                 let pod = state.pods.get(key.as_str())?;
                 self.serve_pod(cell, &state, pod, now)
+            })
+            .collect()
+    }
+
+    /// Pressure and throttling of the given `(namespace, name)` pods, in the same order;
+    /// `None` where the agent sent none or they are not fresh.
+    pub fn pod_signals(&self, pods: &[(&str, &str)]) -> Vec<Option<PodSignalsPoint>> {
+        let now = self.clock.now();
+        let mut key = String::new();
+        pods.iter()
+            .map(|(namespace, name)| {
+                if !write_key(&mut key, namespace, name) {
+                    return None;
+                }
+                let shard = self.pods.shard(&key).load();
+                let cell = shard.get(key.as_str())?;
+                if cell.removed.load(Ordering::Acquire) {
+                    return None;
+                }
+                let state = cell.state.load();
+                let pod = state.pods.get(key.as_str())?;
+                let signals = pod.signals.as_deref()?;
+                if !self.limits.fresh(state.received_at, now)
+                    || !self.limits.fresh(signals.timestamp, now)
+                {
+                    return None;
+                }
+                Some(PodSignalsPoint {
+                    key: pod.key.clone(),
+                    uid: Arc::clone(&pod.uid),
+                    timestamp: signals.timestamp,
+                    pod: signals.pod,
+                    containers: pod
+                        .containers
+                        .iter()
+                        .zip(signals.containers.iter())
+                        .map(|(c, s)| (Arc::clone(&c.name), *s))
+                        .collect(),
+                })
             })
             .collect()
     }
@@ -798,6 +854,7 @@ mod tests {
             cpu: CpuNanos(cpu),
             memory_working_set: Bytes(mem),
             swap: None,
+            signals: None,
         }
     }
 
@@ -822,6 +879,7 @@ mod tests {
             namespace: ns.into(),
             name: name.into(),
             containers,
+            signals: None,
         }
     }
 

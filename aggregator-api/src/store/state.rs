@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use kpulse_wire::{NodeBatch, UnixNanos};
+use kpulse_wire::{Fraction, NodeBatch, Signals, UnixNanos};
 
 use super::key::{write_key, PodKey};
 use super::series::{Limits, Point, Series};
@@ -25,6 +25,31 @@ pub(super) struct PodState {
     pub(super) key: PodKey,
     pub(super) uid: Arc<str>,
     pub(super) containers: Box<[ContainerState]>,
+    /// Pressure and throttling, when the agent sends them (`--custom-metrics`): boxed, so
+    /// that a pod without them costs one pointer.
+    pub(super) signals: Option<Box<PodSignals>>,
+}
+
+/// The pressure and throttling of a pod's latest sample, as the agent computed them.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct PodSignals {
+    /// The sample's timestamp (the earliest of its containers').
+    pub(super) timestamp: UnixNanos,
+    /// The pod's own figures.
+    pub(super) pod: Signals,
+    /// Each container's, in the order of [`PodState::containers`].
+    pub(super) containers: Box<[Signals]>,
+}
+
+/// The figures a peer could have sent; the others are dropped.
+fn valid_signals(s: Option<Signals>) -> Signals {
+    let keep = |f: Option<Fraction>| f.filter(Fraction::is_valid);
+    let s = s.unwrap_or_default();
+    Signals {
+        cpu_pressure: keep(s.cpu_pressure),
+        memory_pressure: keep(s.memory_pressure),
+        cpu_throttled: keep(s.cpu_throttled),
+    }
 }
 
 /// One node as of its latest batch.
@@ -86,6 +111,10 @@ pub(super) fn next_state(
         // Points of an earlier pod with the same name are not this pod's.
         let same_pod = old_pod.filter(|p| *p.uid == *pod.uid);
         let mut containers: Vec<ContainerState> = Vec::with_capacity(pod.containers.len());
+        let mut container_signals: Vec<Signals> = Vec::new();
+        let with_signals =
+            pod.signals.is_some() || pod.containers.iter().any(|c| c.signals.is_some());
+        let timestamp = pod.containers.iter().map(|c| c.timestamp).min();
         for sample in pod.containers {
             if containers.iter().any(|c| *c.name == *sample.name) {
                 summary.duplicates += 1;
@@ -99,6 +128,9 @@ pub(super) fn next_state(
                 now,
             );
             summary.restarts += usize::from(restarted || (old_pod.is_some() && same_pod.is_none()));
+            if with_signals {
+                container_signals.push(valid_signals(sample.signals));
+            }
             containers.push(ContainerState {
                 name: old_container
                     .map(|c| Arc::clone(&c.name))
@@ -118,10 +150,19 @@ pub(super) fn next_state(
         summary.pods += 1;
         summary.containers += containers.len();
         let key = slot.key().clone();
+        let signals = match timestamp {
+            Some(timestamp) if with_signals => Some(Box::new(PodSignals {
+                timestamp,
+                pod: valid_signals(pod.signals),
+                containers: container_signals.into_boxed_slice(),
+            })),
+            _ => None,
+        };
         slot.insert(PodState {
             key,
             uid,
             containers: containers.into_boxed_slice(),
+            signals,
         });
     }
     // Every pod of the old state that the batch did not list; none in steady state.

@@ -50,7 +50,7 @@ use kpulse_agent::{
 };
 use kpulse_wire::{
     stream::{PodCounters, PodMeta},
-    Bytes, ContainerSample, CpuNanos, NodeSample, UnixNanos,
+    Bytes, ContainerSample, CpuNanos, Fraction, NodeSample, Signals, UnixNanos,
 };
 use rcgen::{CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
@@ -122,6 +122,10 @@ struct Args {
     /// Reader: the oldest served timestamp that counts as fresh, in seconds.
     #[arg(long, default_value_t = 5)]
     max_age_secs: u64,
+    /// Agents: also send pressure and throttling (protocol 1.2, as `kpulse-agent run
+    /// --custom-metrics` does) for every pod and container.
+    #[arg(long)]
+    custom_metrics: bool,
     /// Reader: poll until every node and pod is served, print when, and exit.
     #[arg(long, requires = "read_api")]
     wait_complete: bool,
@@ -265,10 +269,12 @@ struct Node {
     /// Nanocores of CPU per container, by pod then container.
     rates: Vec<Vec<u64>>,
     started: UnixNanos,
+    /// Send pressure and throttling.
+    signals: bool,
 }
 
 impl Node {
-    fn new(name: String, pods: usize, containers: usize) -> Node {
+    fn new(name: String, pods: usize, containers: usize, signals: bool) -> Node {
         let uids: Vec<String> = (0..pods).map(|p| Sim::pod_name(&name, p)).collect();
         let set = PodSet::new(uids.iter().enumerate().map(|(p, uid)| PodMeta {
             uid: uid.clone(),
@@ -285,7 +291,25 @@ impl Node {
             uids,
             rates,
             started: now(),
+            signals,
         }
+    }
+
+    /// What an agent with `--custom-metrics` sends for a cgroup: every figure, over its
+    /// 30 s window, varying with the container's rate (all three, as a pod with PSI and a
+    /// quota has).
+    fn signals(&self, rate: u64) -> Option<Signals> {
+        let share = |ppm: u64| {
+            Some(Fraction {
+                ppm: u32::try_from(ppm % u64::from(Fraction::WHOLE)).unwrap_or(0),
+                window_ms: 30_017,
+            })
+        };
+        self.signals.then(|| Signals {
+            cpu_pressure: share(rate / 997),
+            memory_pressure: share(rate / 9_973),
+            cpu_throttled: share(rate / 331),
+        })
     }
 
     fn tick(&self) -> Tick {
@@ -311,10 +335,10 @@ impl Node {
                         ),
                         memory_working_set: Bytes(sim::CONTAINER_MEMORY),
                         swap: None,
-                        signals: None,
+                        signals: self.signals(*rate),
                     })
                     .collect(),
-                signals: None,
+                signals: self.signals(rates.iter().sum()),
             })
             .collect();
         Tick {
@@ -379,7 +403,12 @@ async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()>
         let metrics = Arc::new(ShipMetrics::default());
         config.metrics = metrics.clone();
         all_metrics.push(metrics.clone());
-        let node = Node::new(name.clone(), args.pods, args.containers);
+        let node = Node::new(
+            name.clone(),
+            args.pods,
+            args.containers,
+            args.custom_metrics,
+        );
         let start_after = ramp.mul_f64(i as f64 / args.nodes.max(1) as f64);
         let (mut stop, replicas, total) = (stop.clone(), replicas.clone(), produced_total.clone());
         tasks.spawn(async move {

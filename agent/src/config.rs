@@ -206,8 +206,16 @@ pub struct CollectArgs {
     pub max_cgroups: usize,
     /// Also collect the signals `custom.metrics.k8s.io` serves: each cgroup's pressure stall
     /// totals (PSI, cgroup v2) and CFS throttling counters. Off by default; the
-    /// `custom-metrics` overlay turns it on.
-    #[arg(long, env = "KPULSE_CUSTOM_METRICS")]
+    /// `custom-metrics` overlay turns it on. `--custom-metrics` alone or `=true`/`=false`.
+    #[arg(
+        long,
+        env = "KPULSE_CUSTOM_METRICS",
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
     pub custom_metrics: bool,
 }
 
@@ -284,6 +292,19 @@ mod tests {
             Command::Run(r) => *r,
             other => panic!("not run: {other:?}"),
         }
+    }
+
+    /// `--custom-metrics` alone, or with `=true`/`=false` as the manifests write flags; a
+    /// following word is not taken as its value.
+    #[test]
+    fn custom_metrics_is_a_switch_that_takes_an_optional_value() {
+        let on = |args: &[&str]| dump(parse(args).expect("parse")).collect.custom_metrics;
+        assert!(!on(&["dump"]));
+        assert!(on(&["dump", "--custom-metrics"]));
+        assert!(on(&["dump", "--custom-metrics=true"]));
+        assert!(!on(&["dump", "--custom-metrics=false"]));
+        assert!(on(&["dump", "--custom-metrics", "--count", "2"]));
+        assert!(parse(&["dump", "--custom-metrics", "yes"]).is_err());
     }
 
     #[test]

@@ -136,8 +136,16 @@ pub struct Config {
     /// Also serve `custom.metrics.k8s.io` (`cpu_pressure`, `memory_pressure`,
     /// `cpu_throttled_ratio` of pods and containers) from what agents run with
     /// `--custom-metrics` send. Off by default; the `custom-metrics` overlay turns it on and
-    /// registers the APIServices.
-    #[arg(long, env = "KPULSE_CUSTOM_METRICS")]
+    /// registers the APIServices. `--custom-metrics` alone or `=true`/`=false`.
+    #[arg(
+        long,
+        env = "KPULSE_CUSTOM_METRICS",
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
     pub custom_metrics: bool,
     /// A watch without `timeoutSeconds` ends after a random time between this and twice
     /// this (as the apiserver's flag of the same name).
@@ -363,6 +371,15 @@ mod tests {
 
     fn parse(args: &[&str]) -> Config {
         Config::try_parse_from(std::iter::once("x").chain(args.iter().copied())).expect("parse")
+    }
+
+    #[test]
+    fn custom_metrics_is_a_switch_that_takes_an_optional_value() {
+        assert!(!parse(&[]).custom_metrics);
+        assert!(parse(&["--custom-metrics"]).custom_metrics);
+        assert!(parse(&["--custom-metrics=true"]).custom_metrics);
+        assert!(!parse(&["--custom-metrics=false"]).custom_metrics);
+        assert!(parse(&["--custom-metrics", "--metric-expiry=5s"]).custom_metrics);
     }
 
     #[test]

@@ -447,9 +447,11 @@ fn write_pods_file(path: &Path, pods: &[Pod]) -> Result<()> {
                     })
                 })
                 .collect();
+            // The pod cgroup too: where a pod's pressure is read (`--custom-metrics`).
             serde_json::json!({
                 "uid": p.uid, "namespace": NAMESPACE, "name": p.name,
                 "labels": {"app": "filler"}, "containers": containers,
+                "cgroup": format!("/{PARENT}/{}", p.cgroup()),
             })
         })
         .collect();
@@ -710,6 +712,10 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         let pods = v["pods"].as_array().expect("test input");
         assert_eq!(pods.len(), 2);
+        assert_eq!(
+            pods[1]["cgroup"],
+            format!("/{PARENT}/pod00000000-0000-4000-8000-000000000001")
+        );
         let c = &pods[1]["containers"][1];
         assert_eq!(c["name"], "c1");
         assert_eq!(

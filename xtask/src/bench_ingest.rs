@@ -41,6 +41,11 @@ pub struct Options {
     /// Seconds measured.
     #[arg(long, default_value_t = 60)]
     measure_secs: u64,
+    /// Measure twice in one run, with a fresh server each time: the agents as by default,
+    /// then sending pressure and throttling too (`kpulse-agent run --custom-metrics`, every
+    /// figure for every pod and container); the table has one column for each.
+    #[arg(long)]
+    custom_metrics: bool,
 }
 
 /// Runs the benchmark.
@@ -49,10 +54,47 @@ pub fn run(opts: &Options) -> Result<()> {
     let stop = Stop::install()?;
     let bins = harness::release_binaries(false)?;
     let dir = harness::Scratch::new("bench-ingest")?;
-    measure(opts, &dir.dir, &bins, &stop)
+    let phases: &[bool] = if opts.custom_metrics {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    let mut columns = Vec::new();
+    for (i, signals) in phases.iter().enumerate() {
+        let phase_dir = dir.dir.join(format!("phase-{i}"));
+        std::fs::create_dir_all(&phase_dir)?;
+        columns.push(measure(opts, &phase_dir, &bins, &stop, *signals)?);
+    }
+    let head: Vec<&str> = phases
+        .iter()
+        .map(|s| {
+            if *s {
+                "with pressure and throttling"
+            } else {
+                "value"
+            }
+        })
+        .collect();
+    println!("| measure | {} |", head.join(" | "));
+    println!("|---|{}", "---|".repeat(head.len()));
+    for (r, (label, _)) in columns[0].iter().enumerate() {
+        let cells: Vec<&str> = columns
+            .iter()
+            .map(|c| c.get(r).map_or("", |(_, v)| v.as_str()))
+            .collect();
+        println!("| {label} | {} |", cells.join(" | "));
+    }
+    Ok(())
 }
 
-fn measure(opts: &Options, dir: &Path, bins: &harness::Binaries, stop: &Stop) -> Result<()> {
+/// One measurement: the table's rows, `(measure, value)`.
+fn measure(
+    opts: &Options,
+    dir: &Path,
+    bins: &harness::Binaries,
+    stop: &Stop,
+    signals: bool,
+) -> Result<Vec<(String, String)>> {
     let pki = Pki::create(&bins.loadgen, &dir.join("ca"))?;
     // A Kubernetes API that is not there: the benchmark needs no TokenReview (agents use
     // client certificates) and reads /metrics anonymously (an always-allowed path).
@@ -75,6 +117,7 @@ fn measure(opts: &Options, dir: &Path, bins: &harness::Binaries, stop: &Stop) ->
         // The server's CPU is what is measured: it gets the CPU first.
         nice: true,
         log_filter: None,
+        custom_metrics: signals,
     }
     .start(
         &bins.loadgen,
@@ -116,39 +159,60 @@ fn measure(opts: &Options, dir: &Path, bins: &harness::Binaries, stop: &Stop) ->
     let stored_nodes = value(&m1, "kpulse_aggregator_store_nodes");
     let containers = value(&m1, "kpulse_aggregator_store_containers");
     let streams = value(&m1, "kpulse_aggregator_ingest_streams");
-    println!("| measure | value |");
-    println!("|---|---|");
-    println!(
-        "| load | {} nodes × {} pods × {} containers at 1 Hz ({} streams open, {} nodes and {} containers stored) |",
-        opts.nodes, opts.pods, opts.containers, streams, stored_nodes, containers
+    let mut rows: Vec<(String, String)> = Vec::new();
+    let mut row = |label: &str, value: String| rows.push((label.to_owned(), value));
+    row(
+        "load",
+        format!(
+            "{} nodes × {} pods × {} containers at 1 Hz ({} streams open, {} nodes and {} containers stored){}",
+            opts.nodes,
+            opts.pods,
+            opts.containers,
+            streams,
+            stored_nodes,
+            containers,
+            if signals {
+                ", every pod and container with pressure and throttling"
+            } else {
+                ""
+            }
+        ),
     );
-    println!(
-        "| server CPU | {:.2} cores (utime+stime over {secs:.0} s) |",
-        (cpu1 - cpu0) / secs
+    row(
+        "server CPU",
+        format!(
+            "{:.2} cores (utime+stime over {secs:.0} s)",
+            (cpu1 - cpu0) / secs
+        ),
     );
-    println!("| server RSS | {rss:.0} MiB at the end, peak {hwm:.0} MiB |");
-    println!(
-        "| batches made visible | {:.0}/s (expected {}/s) |",
-        messages / secs,
-        opts.nodes
+    row(
+        "server RSS",
+        format!("{rss:.0} MiB at the end, peak {hwm:.0} MiB"),
     );
-    println!(
-        "| ingest→visible in the server (last byte received → store) | p50 {}, p99 {} |",
-        ms(s50),
-        ms(s99)
+    row(
+        "batches made visible",
+        format!("{:.0}/s (expected {}/s)", messages / secs, opts.nodes),
     );
-    println!(
-        "| agent send → visible (includes the load generator's own queueing on this shared host) | p50 {}, p99 {} |",
-        ms(p50),
-        ms(p99)
+    row(
+        "ingest→visible in the server (last byte received → store)",
+        format!("p50 {}, p99 {}", ms(s50), ms(s99)),
     );
-    println!(
-        "| wire bytes per node | {:.1} KiB/s |",
-        bytes / secs / opts.nodes.max(1) as f64 / 1024.0
+    row(
+        "agent send → visible (includes the load generator's own queueing on this shared host)",
+        format!("p50 {}, p99 {}", ms(p50), ms(p99)),
     );
-    println!(
-        "| load generator CPU (not the server's) | {:.2} cores |",
-        (lg1 - lg0) / secs
+    row(
+        "wire bytes per node",
+        format!(
+            "{:.1} KiB/s",
+            bytes / secs / opts.nodes.max(1) as f64 / 1024.0
+        ),
     );
-    Ok(())
+    row(
+        "load generator CPU (not the server's)",
+        format!("{:.2} cores", (lg1 - lg0) / secs),
+    );
+    drop(loadgen);
+    drop(server_proc);
+    Ok(rows)
 }

@@ -157,6 +157,7 @@ fn measure(
     let agents = Agents {
         // Every stream accepted again is an INFO line with its time: the reconnects' spread.
         log_filter: Some("info"),
+        custom_metrics: false,
         // Agents are on their own nodes: their reconnects must not wait for the CPU.
         ..opts.fleet.agents(&servers, false)
     };

@@ -463,6 +463,7 @@ impl Fleet {
             servers,
             nice,
             log_filter: None,
+            custom_metrics: false,
         }
     }
 }
@@ -484,6 +485,8 @@ pub struct Agents<'a> {
     pub nice: bool,
     /// `RUST_LOG` of the load generator (default: warnings).
     pub log_filter: Option<&'a str>,
+    /// Also send pressure and throttling (`loadgen --custom-metrics`).
+    pub custom_metrics: bool,
 }
 
 impl Agents<'_> {
@@ -509,6 +512,9 @@ impl Agents<'_> {
         }
         args.extend(self.shape());
         args.extend(["--ramp-secs".to_owned(), self.ramp_secs.to_string()]);
+        if self.custom_metrics {
+            args.push("--custom-metrics".to_owned());
+        }
         let env: Vec<(&str, &str)> = self
             .log_filter
             .map(|f| ("RUST_LOG", f))

@@ -296,6 +296,7 @@ fn bootstrap_roles() -> Vec<(Option<&'static str>, &'static str, Vec<PolicyRule>
 struct Fixture {
     base: Vec<Value>,
     ha: Vec<Value>,
+    custom: Vec<Value>,
     ca_pem: String,
     tls_crt: String,
     tls_key: String,
@@ -385,6 +386,7 @@ fn fixture() -> &'static Fixture {
         let f = Fixture {
             base: render(&deploy),
             ha: render(&deploy.join("overlays/ha")),
+            custom: render(&deploy.join("overlays/custom-metrics")),
             ca_pem: read("ca.crt"),
             tls_crt: read("tls.crt"),
             tls_key: read("tls.key"),
@@ -809,6 +811,135 @@ fn apiservices_reach_the_server_through_its_service() {
         .expect("matchLabels");
     assert!(selects(&sel, &pod_labels_of_deployment(&deployment)));
     assert!(!selects(&sel, &pod_labels_of_daemonset(&agent(docs))));
+}
+
+/// `overlays/custom-metrics`: the base, plus the `v1beta1.custom.metrics.k8s.io` APIService
+/// (same Service, same verified caBundle as `metrics.k8s.io`), `--custom-metrics=true` on
+/// both binaries (which parse it), and a reader role aggregated like metrics.k8s.io's;
+/// nothing else differs from the base.
+#[test]
+fn custom_metrics_overlay_adds_the_group_and_nothing_else() {
+    let f = fixture();
+    let is_custom_apiservice =
+        |d: &Value| d["kind"] == "APIService" && d["spec"]["group"] == "custom.metrics.k8s.io";
+    let metrics: ApiService = typed(
+        f.custom
+            .iter()
+            .find(|d| d["kind"] == "APIService" && d["metadata"]["name"] == "v1.metrics.k8s.io")
+            .expect("v1.metrics.k8s.io"),
+    );
+    let bundle = metrics.spec.ca_bundle.clone().expect("caBundle");
+    assert_eq!(
+        bundle,
+        b64(f.ca_pem.as_bytes()),
+        "the CA of `cargo xtask certs`"
+    );
+    let mut versions = Vec::new();
+    for d in f.custom.iter().filter(|d| is_custom_apiservice(d)) {
+        assert_eq!(
+            d["spec"].get("insecureSkipTLSVerify"),
+            Some(&Value::Bool(false)),
+            "{}",
+            describe(d)
+        );
+        assert_eq!(
+            d["metadata"]["labels"]["app.kubernetes.io/component"],
+            "apiservice"
+        );
+        let a: ApiService = typed(d);
+        assert_eq!(
+            a.metadata.name.as_deref(),
+            Some(format!("{}.custom.metrics.k8s.io", a.spec.version).as_str())
+        );
+        assert_eq!(a.spec.ca_bundle.as_deref(), Some(bundle.as_str()));
+        let (svc, want) = (a.spec.service.as_ref(), metrics.spec.service.as_ref());
+        assert_eq!(
+            svc.map(|s| (&s.name, &s.namespace, s.port)),
+            want.map(|s| (&s.name, &s.namespace, s.port)),
+            "the same Service as metrics.k8s.io"
+        );
+        versions.push((a.spec.version.clone(), a.spec.version_priority));
+    }
+    // v1beta1 only: beside another adapter's v1beta2 it never takes the HPAs' preferred
+    // version, and over another adapter's v1beta1 a server-side apply conflicts.
+    assert_eq!(versions, [("v1beta1".to_string(), 100)]);
+
+    // Both binaries get the switch, and parse it.
+    let server_flags = flags(only_container(pod_spec_of_deployment(&server(&f.custom))));
+    assert_eq!(flag(&server_flags, "custom-metrics"), "true");
+    let mut args = vec!["kpulse-aggregator-api".to_string()];
+    args.extend(server_flags.iter().map(|(k, v)| format!("--{k}={v}")));
+    let cfg = <kpulse_aggregator_api::config::Config as clap::Parser>::try_parse_from(&args)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(cfg.custom_metrics);
+    let ds = agent(&f.custom);
+    let agent_args: Vec<String> = std::iter::once("kpulse-agent".to_string())
+        .chain(
+            only_container(pod_spec_of_daemonset(&ds))
+                .args
+                .iter()
+                .flatten()
+                .map(|a| a.replace("$(NODE_NAME)", "node-1")),
+        )
+        .collect();
+    assert!(agent_args.iter().any(|a| a == "--custom-metrics=true"));
+    match <kpulse_agent::config::Cli as clap::Parser>::try_parse_from(&agent_args) {
+        Ok(kpulse_agent::config::Cli {
+            command: kpulse_agent::config::Command::Run(run),
+        }) => assert!(run.collect.custom_metrics),
+        other => panic!("{agent_args:?}: {other:?}"),
+    }
+
+    // Who may read them: view, edit and admin, as for metrics.k8s.io.
+    let reader: ClusterRole = one(&f.custom, "ClusterRole", "kpulse:custom-metrics-reader");
+    let labels = reader.metadata.labels.clone().unwrap_or_default();
+    for role in ["view", "edit", "admin"] {
+        assert_eq!(
+            labels
+                .get(&format!("rbac.authorization.k8s.io/aggregate-to-{role}"))
+                .map(String::as_str),
+            Some("true")
+        );
+    }
+    let rules = reader.rules.clone().unwrap_or_default();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0].api_groups.as_deref(),
+        Some(&["custom.metrics.k8s.io".to_string()][..])
+    );
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["pods/*".to_string()][..])
+    );
+    assert_eq!(rules[0].verbs, ["get"]);
+
+    // Nothing else.
+    let without: Vec<Value> = f
+        .custom
+        .iter()
+        .filter(|d| {
+            !is_custom_apiservice(d) && d["metadata"]["name"] != "kpulse:custom-metrics-reader"
+        })
+        .cloned()
+        .map(|mut d| {
+            if let Some(args) = d
+                .pointer_mut("/spec/template/spec/containers/0/args")
+                .and_then(Value::as_array_mut)
+            {
+                args.retain(|a| a != "--custom-metrics=true");
+            }
+            d
+        })
+        .collect();
+    assert_eq!(without.len(), f.base.len());
+    for (a, b) in without.iter().zip(&f.base) {
+        assert!(
+            first_difference(a, b, String::new()).is_none(),
+            "{}: {:?}",
+            describe(a),
+            first_difference(a, b, String::new())
+        );
+    }
 }
 
 #[test]

@@ -308,6 +308,7 @@ fn measure(
         servers: &servers,
         nice: false,
         log_filter: None,
+        custom_metrics: false,
     };
     println!(
         "bench-discovery: {} simulated nodes × {} pods × {} containers streaming to {}",

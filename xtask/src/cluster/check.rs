@@ -15,6 +15,9 @@
 //! - `kubectl rollout restart` of the aggregator-api and then of the agent DaemonSet while a
 //!   reader runs `kubectl top pod -A` and lists PodMetrics every 100 ms: failed calls and
 //!   incomplete lists, counted per rollout (none allowed during the aggregator-api's);
+//! - the `custom-metrics` overlay ([`super::custom_metrics`]): refused over another
+//!   adapter's APIService, then installed; an HPA on `cpu_throttled_ratio` scales a
+//!   throttled Deployment up and down;
 //! - last, the aggregation layer's failure modes ([`faults`]): the front-proxy and client
 //!   CAs rotated by restarting kube-apiserver, and every aggregator-api replica down.
 //!
@@ -122,13 +125,18 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>, with_faults: bool)
         "the cluster's kubectl reads the metrics.k8s.io version of its release",
         kubectl_version_read,
     );
-    let last: [(&str, Check); 3] = [
+    let last: [(&str, Check); 4] = [
         ("a Deployment's pods appear and disappear", pod_lifecycle),
         (
             "an autoscaling/v2 HPA on CPU scales up and down on kpulse's metrics",
             hpa,
         ),
         ("rollout restarts under a reader every 100 ms", rollouts),
+        // Last: it installs the custom-metrics overlay, which restarts both workloads.
+        (
+            "custom.metrics.k8s.io: overlay, no takeover, an HPA on cpu_throttled_ratio",
+            super::custom_metrics::custom_metrics,
+        ),
     ];
     for (name, check) in first {
         if ctx.wants(name) {

@@ -13,6 +13,7 @@
 
 mod bench_discovery;
 mod check;
+mod custom_metrics;
 mod daemons;
 mod faults;
 pub(crate) mod gobuild;

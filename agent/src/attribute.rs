@@ -519,12 +519,13 @@ impl PodIndex {
         let mut unattributed = 0u64;
         // Swap is sent for every container of a node with swap, and for none elsewhere.
         let node_has_swap = snap.node.swap.is_some();
+        // Only the cgroups of known pods are looked up.
+        let figures_of = |c: &crate::sample::CgroupSample| windows.and_then(|w| w.figures(c.id));
         for (c, f) in snap.cgroups.iter().zip(found) {
-            let figures = windows.and_then(|w| w.figures(c.id));
             let r = match f {
                 Found::Container(r) => r,
                 Found::Pod(uid) => {
-                    if let Some(figures) = figures {
+                    if let Some(figures) = figures_of(c) {
                         let pod = pod_signals.entry(uid).or_default();
                         pod.pressure = Some(figures.signals);
                         pod.add(figures.throttling);
@@ -540,6 +541,7 @@ impl PodIndex {
             let (Some(cpu), Some(memory)) = (c.cpu, c.memory) else {
                 continue;
             };
+            let figures = figures_of(c);
             if let Some(figures) = figures {
                 pod_signals
                     .entry(&r.pod)

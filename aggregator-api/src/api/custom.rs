@@ -335,8 +335,8 @@ pub fn find(
 ///
 /// # Errors
 ///
-/// 500 when JSON encoding fails (a bug) or the selector has an operator
-/// `ParseToLabelSelector` refuses (`>`/`<`).
+/// 400 when the metric selector has an operator `ParseToLabelSelector` refuses (`>`/`<`);
+/// 500 when JSON encoding fails (a bug).
 pub fn encode(req: &CustomRequest, values: &[Value]) -> Result<(&'static str, Vec<u8>), ApiError> {
     let fail = |status| ApiError {
         status,

@@ -1246,6 +1246,10 @@ mod tests {
         assert_eq!(message("/apis/custom.metrics.k8s.io/v9/x", "GET").0, 404);
         let (code, text) = message(&format!("{CM2}/*/cpu_pressure?labelSelector=a%20in"), "GET");
         assert_eq!(code, 400, "{text}");
+        // A selector `metav1.LabelSelector` cannot hold.
+        let (code, text) =
+            message(&format!("{CM2}/*/cpu_pressure?metricLabelSelector=n%3E1"), "GET");
+        assert_eq!(code, 400, "{text}");
         let yaml = call(
             &c,
             req(

@@ -69,30 +69,8 @@ impl Drop for Proc {
     }
 }
 
-/// The test's directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn write(path: &Path, contents: impl AsRef<[u8]>) {
     std::fs::write(path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-}
-
-fn server_bin() -> PathBuf {
-    let bin = common::agent::bin()
-        .parent()
-        .map(|d| d.join("kpulse-aggregator-api"))
-        .expect("the agent binary has a directory");
-    assert!(
-        bin.is_file(),
-        "{} is missing: build the workspace first",
-        bin.display()
-    );
-    bin
 }
 
 /// A CA, the server's certificate, one client certificate per name (`CN`, `O`).
@@ -316,7 +294,9 @@ fn run() {
             cg.children.push(child);
         }
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("kpulse-cm-e2e-{}", std::process::id())));
+    let dir = common::agent::TempDir(
+        std::env::temp_dir().join(format!("kpulse-cm-e2e-{}", std::process::id())),
+    );
     std::fs::create_dir_all(&dir.0).expect("test directory");
     let d = &dir.0;
     pki(
@@ -330,7 +310,7 @@ fn run() {
     let (api_port, ingest_port) = (common::agent::free_port(), common::agent::free_port());
     let ca = d.join("ca.crt");
     let _server = Proc(
-        Command::new(server_bin())
+        Command::new(common::agent::server_bin())
             .args(["--bind-address", "127.0.0.1"])
             .args(["--secure-port", &api_port.to_string()])
             .args(["--ingest-port", &ingest_port.to_string()])

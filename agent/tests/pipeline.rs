@@ -157,15 +157,6 @@ impl Drop for Proc {
     }
 }
 
-/// The test's directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn write(path: &Path, contents: impl AsRef<[u8]>) {
     std::fs::write(path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
@@ -187,22 +178,6 @@ fn secs(ns: i128) -> f64 {
 
 fn agent_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_kpulse-agent"))
-}
-
-/// The server binary, built next to the agent's by `cargo build --workspace` / `cargo test
-/// --workspace`.
-fn server_bin() -> PathBuf {
-    let bin = agent_bin()
-        .parent()
-        .map(|d| d.join("kpulse-aggregator-api"))
-        .expect("the agent binary has a directory");
-    assert!(
-        bin.is_file(),
-        "{} is missing: build the server first (`cargo build -p kpulse-aggregator-api`, or run \
-         `cargo test --workspace`)",
-        bin.display()
-    );
-    bin
 }
 
 // ---------------------------------------------------------------------------------------
@@ -350,7 +325,7 @@ impl Replica {
 
     /// Starts the process; returns when it was spawned.
     fn start(&mut self) -> Instant {
-        let mut cmd = Command::new(server_bin());
+        let mut cmd = Command::new(common::agent::server_bin());
         cmd.args(&self.args).env("RUST_LOG", "info");
         let started = Instant::now();
         self.process = Some(Proc::spawn(&self.name, &mut cmd));
@@ -976,7 +951,7 @@ fn pipeline_end_to_end() {
         return;
     }
     assert!(Path::new(KUBECTL).is_file(), "the test needs {KUBECTL}");
-    let server = server_bin();
+    let server = common::agent::server_bin();
     println!("server binary: {}", server.display());
 
     // Dropped last: every task (tap, simulated agents) ends with it.
@@ -988,7 +963,7 @@ fn pipeline_end_to_end() {
     let _enter = rt.enter();
 
     let parent = format!("kpulse-e2e-{}", std::process::id());
-    let dir = TempDir(std::env::temp_dir().join(&parent));
+    let dir = common::agent::TempDir(std::env::temp_dir().join(&parent));
     let _ = std::fs::remove_dir_all(&dir.0);
     std::fs::create_dir_all(&dir.0).expect("test directory");
     let nodes: Vec<&str> = std::iter::once(NODE).chain(SIM_NODES).collect();

@@ -16,6 +16,31 @@ pub fn bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kpulse-agent")))
 }
 
+/// The aggregator-api binary built next to the agent's (`cargo build --workspace`,
+/// `cargo test --workspace`).
+pub fn server_bin() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_kpulse-agent"))
+        .parent()
+        .map(|d| d.join("kpulse-aggregator-api"))
+        .unwrap_or_default();
+    assert!(
+        bin.is_file(),
+        "{} is missing: build the server first (`cargo build -p kpulse-aggregator-api`, or run \
+         `cargo test --workspace`)",
+        bin.display()
+    );
+    bin
+}
+
+/// A directory of a test, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A free loopback port.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -34,6 +34,8 @@
 //! - JSON and protobuf (`k8s.io/metrics` `custom_metrics` `generated.proto`; the HPA's client
 //!   asks for protobuf). YAML gets a 406.
 //!
+//! Discovery documents are built with the others, in [`super::discovery`].
+//!
 //! Not served: OpenAPI for this group (kube-aggregator merges none for it; `kubectl explain`
 //! does not know `MetricValueList`), metrics of other objects, `metrics` of namespaces.
 
@@ -45,7 +47,6 @@ use serde::Serialize;
 use kpulse_wire::{Fraction, Signals};
 
 use super::{
-    document::{Document, Options},
     negotiate::{self, Encoding, Endpoint},
     objects::MetricsReader,
     proto,
@@ -120,6 +121,15 @@ impl Metric {
             Metric::CpuPressure => "cpu_pressure",
             Metric::MemoryPressure => "memory_pressure",
             Metric::CpuThrottledRatio => "cpu_throttled_ratio",
+        }
+    }
+
+    /// The resource discovery lists it as: a subresource of pods.
+    pub fn resource(self) -> &'static str {
+        match self {
+            Metric::CpuPressure => "pods/cpu_pressure",
+            Metric::MemoryPressure => "pods/memory_pressure",
+            Metric::CpuThrottledRatio => "pods/cpu_throttled_ratio",
         }
     }
 
@@ -762,138 +772,5 @@ fn proto_body(req: &CustomRequest, values: &[Value], selector: Option<&SelectorO
                     .collect(),
             },
         ),
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Discovery.
-
-/// The group's discovery documents, compact and indented: `APIGroup`, and an
-/// `APIResourceList` per version, as custom-metrics-apiserver lists its metrics
-/// (`pods/<metric>`, namespaced, kind `MetricValueList`, verbs `["get"]`).
-#[derive(Clone, Debug)]
-pub struct CustomDiscovery {
-    api_group: [Document; 2],
-    resource_lists: [[Document; 2]; 2],
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct GroupVersion {
-    group_version: &'static str,
-    version: &'static str,
-}
-
-/// The group as `/apis` and `/apis/custom.metrics.k8s.io` describe it.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ApiGroup<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kind: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    api_version: Option<&'static str>,
-    name: &'static str,
-    versions: Vec<GroupVersion>,
-    preferred_version: GroupVersion,
-    #[serde(
-        rename = "serverAddressByClientCIDRs",
-        skip_serializing_if = "Option::is_none"
-    )]
-    server_address_by_client_cidrs: Option<[ServerAddress<'a>; 1]>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ServerAddress<'a> {
-    #[serde(rename = "clientCIDR")]
-    client_cidr: &'static str,
-    server_address: &'a str,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ApiResource {
-    name: String,
-    singular_name: &'static str,
-    namespaced: bool,
-    kind: &'static str,
-    verbs: [&'static str; 1],
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ApiResourceList {
-    kind: &'static str,
-    api_version: &'static str,
-    group_version: &'static str,
-    resources: Vec<ApiResource>,
-}
-
-fn group_version(v: CustomVersion) -> GroupVersion {
-    GroupVersion {
-        group_version: v.api_version(),
-        version: v.version(),
-    }
-}
-
-/// The group entry; with `options`, as `/apis` lists it (with the server's address).
-pub fn api_group(options: Option<&Options>) -> ApiGroup<'_> {
-    ApiGroup {
-        kind: options.is_none().then_some("APIGroup"),
-        api_version: options.is_none().then_some("v1"),
-        name: GROUP,
-        versions: VERSIONS.into_iter().map(group_version).collect(),
-        preferred_version: group_version(VERSIONS[0]),
-        server_address_by_client_cidrs: options.map(|o| {
-            [ServerAddress {
-                client_cidr: "0.0.0.0/0",
-                server_address: &o.external_address,
-            }]
-        }),
-    }
-}
-
-/// A document compact (index 0) and indented (index 1).
-fn pair(value: &impl Serialize) -> Result<[Document; 2], serde_json::Error> {
-    Ok([Document::json(value, false)?, Document::json(value, true)?])
-}
-
-impl CustomDiscovery {
-    /// Builds the documents.
-    ///
-    /// # Errors
-    ///
-    /// Only if JSON encoding fails, which would be a bug.
-    pub fn new() -> Result<CustomDiscovery, serde_json::Error> {
-        let list = |v: CustomVersion| ApiResourceList {
-            kind: "APIResourceList",
-            api_version: "v1",
-            group_version: v.api_version(),
-            resources: METRICS
-                .iter()
-                .map(|m| ApiResource {
-                    name: format!("pods/{}", m.name()),
-                    singular_name: "",
-                    namespaced: true,
-                    kind: "MetricValueList",
-                    verbs: ["get"],
-                })
-                .collect(),
-        };
-        Ok(CustomDiscovery {
-            api_group: pair(&api_group(None))?,
-            resource_lists: [pair(&list(VERSIONS[0]))?, pair(&list(VERSIONS[1]))?],
-        })
-    }
-
-    /// `GET /apis/custom.metrics.k8s.io`.
-    pub fn group(&self, pretty: bool) -> &Document {
-        &self.api_group[usize::from(pretty)]
-    }
-
-    /// `GET /apis/custom.metrics.k8s.io/<version>`.
-    pub fn resources(&self, version: CustomVersion, pretty: bool) -> &Document {
-        let i = VERSIONS.iter().position(|v| *v == version).unwrap_or(0);
-        &self.resource_lists[i][usize::from(pretty)]
     }
 }

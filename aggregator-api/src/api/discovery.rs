@@ -19,6 +19,7 @@
 //! | `GET /openapi/v2` | [`Discovery::openapi_v2`] if [`negotiate::openapi_accepts_json`] |
 //! | `GET /openapi/v3` | [`Discovery::openapi_v3_index`] |
 //! | `GET /openapi/v3/<path>?hash=` | [`Discovery::openapi_v3`] if [`negotiate::openapi_accepts_json`] |
+//! | `GET /apis/custom.metrics.k8s.io[/{v1beta2,v1beta1}]` | [`Discovery::custom_metrics`], when [`Options::custom_metrics`] ([`super::custom`]) |
 //!
 //! # Who asks
 //!
@@ -76,7 +77,7 @@
 
 use serde::Serialize;
 
-use super::custom::{self, CustomDiscovery};
+use super::custom::{self, CustomVersion};
 use super::document::{
     sha512_hex, Document, EtagRule, NotAcceptable, Options, RESOURCES, VERSIONS,
 };
@@ -96,17 +97,18 @@ pub struct Discovery {
     /// v2, v2beta1.
     aggregated: [[Document; 2]; 2],
     openapi: OpenApi,
-    /// `custom.metrics.k8s.io`'s own documents, when it is served.
-    custom: Option<CustomDiscovery>,
+    /// `custom.metrics.k8s.io`'s `APIGroup` and, by [`custom::VERSIONS`] index, its
+    /// `APIResourceList`s, when it is served.
+    custom: Option<([Document; 2], Vec<[Document; 2]>)>,
 }
 
 impl Discovery {
     /// Builds every document for `options`. Fails only if a document cannot be encoded,
     /// which would be a bug (the OpenAPI definitions are a file in the source tree).
     pub fn new(options: Options) -> Result<Discovery, serde_json::Error> {
-        let mut groups = vec![Group::Metrics(group(&options, true))];
+        let mut groups = vec![group(&options, true)];
         if options.custom_metrics {
-            groups.push(Group::Custom(custom::api_group(Some(&options))));
+            groups.push(custom_group(&options, true));
         }
         let api_group_list = pair(&ApiGroupList {
             kind: "APIGroupList",
@@ -138,7 +140,16 @@ impl Discovery {
         ];
         let openapi = OpenApi::new(&options)?;
         let custom = if options.custom_metrics {
-            Some(CustomDiscovery::new()?)
+            let group = pair(&ApiGroup {
+                kind: Some("APIGroup"),
+                api_version: Some("v1"),
+                ..custom_group(&options, false)
+            })?;
+            let lists = custom::VERSIONS
+                .into_iter()
+                .map(|v| pair(&custom_resource_list(v)))
+                .collect::<Result<_, _>>()?;
+            Some((group, lists))
         } else {
             None
         };
@@ -158,9 +169,30 @@ impl Discovery {
         &self.options
     }
 
-    /// `custom.metrics.k8s.io`'s documents, when it is served.
-    pub fn custom(&self) -> Option<&CustomDiscovery> {
-        self.custom.as_ref()
+    /// Whether `custom.metrics.k8s.io` is served ([`Options::custom_metrics`]).
+    pub fn serves_custom_metrics(&self) -> bool {
+        self.custom.is_some()
+    }
+
+    /// `GET /apis/custom.metrics.k8s.io` (`version` `None`) or `…/<version>` with this
+    /// `Accept`; `None` when the group is not served.
+    pub fn custom_metrics(
+        &self,
+        version: Option<CustomVersion>,
+        accept: &str,
+        pretty: bool,
+    ) -> Option<Result<&Document, NotAcceptable>> {
+        let (group, lists) = self.custom.as_ref()?;
+        Some(negotiate::discovery(accept).map(|choice| {
+            let pretty = usize::from(pretty || choice.pretty);
+            match version {
+                None => &group[pretty],
+                Some(v) => {
+                    let i = custom::VERSIONS.iter().position(|c| *c == v).unwrap_or(0);
+                    &lists[i][pretty]
+                }
+            }
+        }))
     }
 
     /// `GET /apis` with this `Accept` (empty when absent); `pretty` as `request::is_pretty_print` decides.
@@ -247,14 +279,7 @@ fn pair(value: &impl Serialize) -> Result<[Document; 2], serde_json::Error> {
 #[derive(Serialize)]
 struct ApiGroupList<'a> {
     kind: &'static str,
-    groups: Vec<Group<'a>>,
-}
-
-#[derive(Serialize)]
-#[serde(untagged)]
-enum Group<'a> {
-    Metrics(ApiGroup<'a>),
-    Custom(custom::ApiGroup<'a>),
+    groups: Vec<ApiGroup<'a>>,
 }
 
 #[derive(Serialize)]
@@ -448,6 +473,41 @@ fn aggregated(options: &Options, version: Option<Version>) -> AggregatedList {
         })
         .chain(options.custom_metrics.then(custom_aggregated))
         .collect(),
+    }
+}
+
+/// `custom.metrics.k8s.io`'s group, preferring `v1beta2` as custom-metrics-apiserver; with
+/// the `0.0.0.0/0` address when it is listed in `/apis`.
+fn custom_group(options: &Options, with_addresses: bool) -> ApiGroup<'_> {
+    let gv = |v: CustomVersion| GroupVersion {
+        group_version: v.api_version(),
+        version: v.version(),
+    };
+    ApiGroup {
+        name: custom::GROUP,
+        versions: custom::VERSIONS.into_iter().map(gv).collect(),
+        preferred_version: gv(custom::VERSIONS[0]),
+        ..group(options, with_addresses)
+    }
+}
+
+/// A version's resources as custom-metrics-apiserver lists its metrics: `pods/<metric>`,
+/// namespaced, kind `MetricValueList`, verbs `["get"]`.
+fn custom_resource_list(version: CustomVersion) -> ApiResourceList {
+    ApiResourceList {
+        kind: "APIResourceList",
+        api_version: "v1",
+        group_version: version.api_version(),
+        resources: custom::METRICS
+            .iter()
+            .map(|m| ApiResource {
+                name: m.resource(),
+                singular_name: "",
+                namespaced: true,
+                kind: "MetricValueList",
+                verbs: &["get"],
+            })
+            .collect(),
     }
 }
 

@@ -136,17 +136,11 @@ pub fn handle_at<B>(
         ));
     }
 
-    if let Some(docs) = ctx.discovery.custom() {
+    if ctx.discovery.serves_custom_metrics() {
         match custom::parse(&parts) {
             Err(CustomRejection::NotApi) => {}
             Err(CustomRejection::Discovery(version)) => {
-                let document = negotiate::discovery(accept).map(|choice| {
-                    let pretty = pretty() || choice.pretty;
-                    match version {
-                        None => docs.group(pretty),
-                        Some(v) => docs.resources(v, pretty),
-                    }
-                });
+                let document = ctx.discovery.custom_metrics(version, accept, pretty())?;
                 return Some(discovery_response(document, if_none_match));
             }
             Err(CustomRejection::Error(e)) => return Some(error_response(&e)),
@@ -1247,8 +1241,10 @@ mod tests {
         let (code, text) = message(&format!("{CM2}/*/cpu_pressure?labelSelector=a%20in"), "GET");
         assert_eq!(code, 400, "{text}");
         // A selector `metav1.LabelSelector` cannot hold.
-        let (code, text) =
-            message(&format!("{CM2}/*/cpu_pressure?metricLabelSelector=n%3E1"), "GET");
+        let (code, text) = message(
+            &format!("{CM2}/*/cpu_pressure?metricLabelSelector=n%3E1"),
+            "GET",
+        );
         assert_eq!(code, 400, "{text}");
         let yaml = call(
             &c,

@@ -437,28 +437,44 @@ impl<C: Clock> Store<C> {
     /// nothing fresh to serve or some container of the pod has no rate yet.
     pub fn pod_metrics(&self, pods: &[(&str, &str)]) -> Vec<Option<PodMetricsPoint>> {
         let now = self.clock.now();
-        let mut key = String::new();
-        pods.iter()
-            .map(|(namespace, name)| {
-                if !write_key(&mut key, namespace, name) {
-                    return None;
-                }
-                let shard = self.pods.shard(&key).load();
-                let cell = shard.get(key.as_str())?;
-                if cell.removed.load(Ordering::Acquire) {
-                    return None;
-                }
-                let state = cell.state.load();
-                let pod = state.pods.get(key.as_str())?;
-                self.serve_pod(cell, &state, pod, now)
-            })
-            .collect()
+        self.each_pod(pods, |cell, state, pod| {
+            self.serve_pod(cell, state, pod, now)
+        })
     }
 
     /// Pressure and throttling of the given `(namespace, name)` pods, in the same order;
     /// `None` where the agent sent none or they are not fresh.
     pub fn pod_signals(&self, pods: &[(&str, &str)]) -> Vec<Option<PodSignalsPoint>> {
         let now = self.clock.now();
+        self.each_pod(pods, |_, state, pod| {
+            let signals = pod.signals.as_deref()?;
+            if !self.limits.fresh(state.received_at, now)
+                || !self.limits.fresh(signals.timestamp, now)
+            {
+                return None;
+            }
+            Some(PodSignalsPoint {
+                key: pod.key.clone(),
+                uid: Arc::clone(&pod.uid),
+                timestamp: signals.timestamp,
+                pod: signals.pod,
+                containers: pod
+                    .containers
+                    .iter()
+                    .zip(signals.containers.iter())
+                    .map(|(c, s)| (Arc::clone(&c.name), *s))
+                    .collect(),
+            })
+        })
+    }
+
+    /// For each `(namespace, name)`, in order, what `serve` makes of the pod as its node's
+    /// latest state holds it; `None` for a pod the store does not hold.
+    fn each_pod<T>(
+        &self,
+        pods: &[(&str, &str)],
+        mut serve: impl FnMut(&NodeCell, &NodeState, &PodState) -> Option<T>,
+    ) -> Vec<Option<T>> {
         let mut key = String::new();
         pods.iter()
             .map(|(namespace, name)| {
@@ -472,24 +488,7 @@ impl<C: Clock> Store<C> {
                 }
                 let state = cell.state.load();
                 let pod = state.pods.get(key.as_str())?;
-                let signals = pod.signals.as_deref()?;
-                if !self.limits.fresh(state.received_at, now)
-                    || !self.limits.fresh(signals.timestamp, now)
-                {
-                    return None;
-                }
-                Some(PodSignalsPoint {
-                    key: pod.key.clone(),
-                    uid: Arc::clone(&pod.uid),
-                    timestamp: signals.timestamp,
-                    pod: signals.pod,
-                    containers: pod
-                        .containers
-                        .iter()
-                        .zip(signals.containers.iter())
-                        .map(|(c, s)| (Arc::clone(&c.name), *s))
-                        .collect(),
-                })
+                serve(cell, &state, pod)
             })
             .collect()
     }

@@ -3,10 +3,12 @@
 //!
 //! 1. **Another adapter first.** An APIService `v1beta1.custom.metrics.k8s.io` pointing at
 //!    another adapter's Service, applied server-side by the field manager `helm` (as a Helm
-//!    chart installs one). `kubectl apply --server-side -k deploy/overlays/custom-metrics`
-//!    must fail with a conflict naming that manager, and the APIService must still point at
-//!    the other adapter: kpulse does not take the group over silently. Then the other
-//!    APIService is deleted and the same apply succeeds.
+//!    chart installs one). The overlay is installed as deploy/README.md says: everything but
+//!    the APIServices with `kubectl apply -k … -l 'app.kubernetes.io/component!=apiservice'`,
+//!    then the APIServices with `kubectl apply --server-side -k … -l
+//!    app.kubernetes.io/component=apiservice`, which must fail with a conflict naming that
+//!    manager, the APIService still pointing at the other adapter: kpulse does not take the
+//!    group over silently. Then the other APIService is deleted and the same apply succeeds.
 //! 2. **Served through kube-apiserver.** The APIService becomes `Available=True`; the group's
 //!    discovery and values are read through kube-apiserver (front-proxy authentication, a
 //!    SubjectAccessReview per request), for a pod's own series and a container's.
@@ -36,6 +38,9 @@ use super::{
 const NS: &str = "kpulse-custom";
 const APISERVICE: &str = "v1beta1.custom.metrics.k8s.io";
 const OVERLAY: &str = "deploy/overlays/custom-metrics";
+/// The label that tells the APIServices from the rest (deploy/README.md's two steps).
+const NOT_APISERVICES: &str = "app.kubernetes.io/component!=apiservice";
+const APISERVICES: &str = "app.kubernetes.io/component=apiservice";
 /// The HPA's target, as the quantity it writes.
 const TARGET: &str = "500m";
 /// Where the flag file that turns the load on lives, below the cluster's run directory.
@@ -64,7 +69,23 @@ fn apiservice_target(ctx: &Ctx<'_>) -> Result<String> {
     ))
 }
 
+/// The install's second step: the APIServices, server-side.
+fn apply_apiservices(ctx: &Ctx<'_>, root: &Path) -> Result<std::process::Output> {
+    ctx.kubectl()
+        .current_dir(root)
+        .args(["apply", "--server-side", "-k", OVERLAY, "-l", APISERVICES])
+        .output()
+        .context("kubectl apply --server-side -k")
+}
+
 fn other_adapter_is_not_taken_over(ctx: &Ctx<'_>, root: &Path) -> Result<String> {
+    // A clean start where a run before this one left the group registered.
+    let _ = crate::exec::output(ctx.kubectl().args([
+        "delete",
+        "apiservice",
+        APISERVICE,
+        "--ignore-not-found",
+    ]));
     let foreign = format!(
         r#"{{"apiVersion":"apiregistration.k8s.io/v1","kind":"APIService",
 "metadata":{{"name":"{APISERVICE}"}},
@@ -79,12 +100,15 @@ fn other_adapter_is_not_taken_over(ctx: &Ctx<'_>, root: &Path) -> Result<String>
             .args(["apply", "--server-side", "--field-manager=helm", "-f"])
             .arg(&file),
     )?;
-    let out = ctx
-        .kubectl()
-        .current_dir(root)
-        .args(["apply", "--server-side", "-k", OVERLAY])
-        .output()
-        .context("kubectl apply --server-side -k")?;
+    // The install's first step: everything but the APIServices.
+    crate::exec::output(ctx.kubectl().current_dir(root).args([
+        "apply",
+        "-k",
+        OVERLAY,
+        "-l",
+        NOT_APISERVICES,
+    ]))?;
+    let out = apply_apiservices(ctx, root)?;
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let target = apiservice_target(ctx)?;
     let _ = crate::exec::output(ctx.kubectl().args(["delete", "apiservice", APISERVICE]));
@@ -114,12 +138,12 @@ fn other_adapter_is_not_taken_over(ctx: &Ctx<'_>, root: &Path) -> Result<String>
 }
 
 fn install(ctx: &Ctx<'_>, root: &Path) -> Result<()> {
-    crate::exec::output(ctx.kubectl().current_dir(root).args([
-        "apply",
-        "--server-side",
-        "-k",
-        OVERLAY,
-    ]))?;
+    let out = apply_apiservices(ctx, root)?;
+    ensure!(
+        out.status.success(),
+        "kubectl apply --server-side of the APIServices: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for what in ["deployment/kpulse-aggregator-api", "daemonset/kpulse-agent"] {
         crate::exec::output(ctx.kubectl().args([
             "-n",

@@ -6,6 +6,8 @@
 //!
 //! - `ingest/existing_node`: one node's next batch (110 pods × 2 containers), the steady
 //!   state: every series moves by one point, no pod arrives or leaves.
+//! - `ingest/existing_node_with_signals`: the same with pressure and throttling
+//!   (`kpulse-agent run --custom-metrics`) on every pod and container.
 //! - `ingest/new_node`: the first batch of a node nobody knew, so 110 pods enter the index.
 //! - `read/*`: one pod; a 3,000-pod list (a namespace's pods, spread over all nodes); one node;
 //!   all nodes; all pods; readiness.
@@ -19,7 +21,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use kpulse_aggregator_api::store::{ManualClock, Store, StoreConfig};
-use kpulse_wire::{Bytes, ContainerSample, CpuNanos, NodeBatch, NodeSample, PodSample, UnixNanos};
+use kpulse_wire::{
+    Bytes, ContainerSample, CpuNanos, Fraction, NodeBatch, NodeSample, PodSample, Signals,
+    UnixNanos,
+};
 
 const NODES: usize = 5_000;
 const PODS_PER_NODE: usize = 110;
@@ -103,6 +108,25 @@ fn node_batch(n: usize, tick: u64) -> NodeBatch {
     }
 }
 
+/// `batch` with pressure and throttling on every pod and container.
+fn with_signals(mut batch: NodeBatch) -> NodeBatch {
+    let signals = |seed: u64| {
+        let share = |ppm: u64| Fraction::of(ppm % 1_000_000, 1_000_000, 30_000);
+        Some(Signals {
+            cpu_pressure: share(seed * 7_919),
+            memory_pressure: share(seed * 104_729),
+            cpu_throttled: share(seed * 1_299_709),
+        })
+    };
+    for (p, pod) in batch.pods.iter_mut().enumerate() {
+        pod.signals = signals(p as u64);
+        for (c, container) in pod.containers.iter_mut().enumerate() {
+            container.signals = signals((p * CONTAINERS_PER_POD + c) as u64 + 1);
+        }
+    }
+    batch
+}
+
 /// The same batch one tick later: timestamps and counters move, strings stay.
 fn advance(batch: &mut NodeBatch) {
     let step = |t: &mut UnixNanos| t.0 += S;
@@ -170,6 +194,19 @@ fn benches(c: &mut Criterion) {
     let mut ingest = c.benchmark_group("ingest");
     let mut next = node_batch(7, 2);
     ingest.bench_function("existing_node", |b| {
+        b.iter_batched(
+            || {
+                advance(&mut next);
+                next.clone()
+            },
+            |batch| store.ingest(batch).expect("ingest"),
+            BatchSize::SmallInput,
+        )
+    });
+    // The same with what `kpulse-agent run --custom-metrics` adds: all three figures on
+    // every pod and container.
+    let mut next = with_signals(node_batch(8, 2));
+    ingest.bench_function("existing_node_with_signals", |b| {
         b.iter_batched(
             || {
                 advance(&mut next);

@@ -30,7 +30,9 @@
 //! History: 1.0, the first; 1.1 adds `swap` to [`crate::NodeSample`] and
 //! [`crate::ContainerSample`] (sent on nodes with swap only); 1.2 adds `signals` (pressure
 //! and throttling over the agent's window, [`crate::Signals`]) to [`crate::ContainerSample`]
-//! and [`PodCounters`] (sent by agents run with `--custom-metrics` only).
+//! and [`PodCounters`] (sent by agents run with `--custom-metrics` only), in a compact array
+//! form (see [`crate::Signals`]; the object form of the first 1.2 builds, never released,
+//! is refused).
 //!
 //! # Framing
 //!

@@ -169,14 +169,8 @@ fn read_all_at(f: &std::fs::File, out: &mut Vec<u8>) -> std::io::Result<()> {
     }
 }
 
-/// v2 `cpu.stat` `usage_usec`, as nanoseconds. Reading it also makes the kernel flush
-/// the cgroup subtree's pending CPU statistics (rstat).
-pub fn cpu_stat_usage(dir: &Path) -> Result<CpuNanos, FsError> {
-    let path = dir.join("cpu.stat");
-    parse_cpu_stat_usage(&path, &read(&path)?)
-}
-
-/// `usage_usec` of the text of the v2 `cpu.stat` at `path`, as nanoseconds.
+/// `usage_usec` of the text of the v2 `cpu.stat` at `path`, as nanoseconds. (Reading that
+/// file also makes the kernel flush the cgroup subtree's pending CPU statistics, rstat.)
 pub fn parse_cpu_stat_usage(path: &Path, text: &str) -> Result<CpuNanos, FsError> {
     Ok(CpuNanos(
         need_key(path, text, "usage_usec")?.saturating_mul(1000),
@@ -224,8 +218,14 @@ pub fn pressure(dir: &Path) -> Result<Option<Pressure>, FsError> {
 
 /// CFS bandwidth counters of a cgroup directory with the `cpu` controller: v2 (`cpu.max`,
 /// `cpu.stat`) or v1 (`cpu.cfs_quota_us`, `cpu.stat`). `Ok(None)` when it has no quota, or
-/// no `cpu` controller (no such files).
-pub fn throttling(dir: &Path, v2: bool) -> Result<Option<Throttling>, FsError> {
+/// no `cpu` controller (no such files). `cpu_stat` is the text of this directory's
+/// `cpu.stat` when the caller has just read it (for the CPU usage of a v2 cgroup); the file
+/// is read otherwise.
+pub fn throttling(
+    dir: &Path,
+    v2: bool,
+    cpu_stat: Option<&str>,
+) -> Result<Option<Throttling>, FsError> {
     let (quota_file, unlimited) = if v2 {
         ("cpu.max", "max")
     } else {
@@ -241,10 +241,17 @@ pub fn throttling(dir: &Path, v2: bool) -> Result<Option<Throttling>, FsError> {
         return Ok(None);
     }
     let path = dir.join("cpu.stat");
-    let text = read(&path)?;
+    let read_now;
+    let text = match cpu_stat {
+        Some(t) => t,
+        None => {
+            read_now = read(&path)?;
+            &read_now
+        }
+    };
     Ok(Some(Throttling {
-        periods: need_key(&path, &text, "nr_periods")?,
-        throttled: need_key(&path, &text, "nr_throttled")?,
+        periods: need_key(&path, text, "nr_periods")?,
+        throttled: need_key(&path, text, "nr_throttled")?,
     }))
 }
 
@@ -489,26 +496,34 @@ mod tests {
         let stat = "usage_usec 10\nnr_periods 7\nnr_throttled 3\nthrottled_usec 5\n";
         std::fs::write(dir.join("cpu.stat"), stat).expect("write");
         std::fs::write(dir.join("cpu.max"), "max 100000\n").expect("write");
-        assert_eq!(throttling(&dir, true).expect("read"), None);
+        assert_eq!(throttling(&dir, true, None).expect("read"), None);
         std::fs::write(dir.join("cpu.max"), "50000 100000\n").expect("write");
         assert_eq!(
-            throttling(&dir, true).expect("read"),
+            throttling(&dir, true, None).expect("read"),
             Some(Throttling {
                 periods: 7,
                 throttled: 3
             })
         );
+        // The text the caller already read is used instead of the file.
+        assert_eq!(
+            throttling(&dir, true, Some("nr_periods 9\nnr_throttled 1\n")).expect("read"),
+            Some(Throttling {
+                periods: 9,
+                throttled: 1
+            })
+        );
         std::fs::write(dir.join("cpu.cfs_quota_us"), "-1\n").expect("write");
-        assert_eq!(throttling(&dir, false).expect("read"), None);
+        assert_eq!(throttling(&dir, false, None).expect("read"), None);
         std::fs::write(dir.join("cpu.cfs_quota_us"), "50000\n").expect("write");
-        assert!(throttling(&dir, false).expect("read").is_some());
+        assert!(throttling(&dir, false, None).expect("read").is_some());
         std::fs::write(dir.join("cpu.stat"), "nr_periods 7\n").expect("write");
         assert!(
-            throttling(&dir, false).is_err(),
+            throttling(&dir, false, None).is_err(),
             "a quota without nr_throttled"
         );
         std::fs::remove_dir_all(&dir).expect("clean up");
-        assert_eq!(throttling(&dir, true).expect("gone"), None);
+        assert_eq!(throttling(&dir, true, None).expect("gone"), None);
     }
 
     #[test]

@@ -256,11 +256,13 @@ impl Collector for CgroupfsCollector {
         let mut out: Vec<CgroupSample> = Vec::new();
         let (cpu_dirs, mut dropped) = cgroupfs::walk(s.layout.cpu_mount(), &s.root, s.max_cgroups)?;
         for d in &cpu_dirs {
-            let cpu = match cgroupfs::cpu_stat_usage(&d.abs) {
-                Ok(c) => Some(c),
+            let stat_path = d.abs.join("cpu.stat");
+            let stat = match cgroupfs::read(&stat_path) {
+                Ok(text) => text,
                 Err(e) if e.is_not_found() => continue,
                 Err(e) => return Err(e.into()),
             };
+            let cpu = Some(cgroupfs::parse_cpu_stat_usage(&stat_path, &stat)?);
             let memory = match &s.layout {
                 Layout::Unified { .. } if d.rel != "/" => match cgroupfs::memory_v2(&d.abs, swap) {
                     Ok(m) => m,
@@ -269,7 +271,7 @@ impl Collector for CgroupfsCollector {
                 },
                 _ => None,
             };
-            let (pressure, throttling) = match fs_signals(s, &d.rel, &d.abs) {
+            let (pressure, throttling) = match fs_signals(s, &d.rel, &d.abs, &stat) {
                 Ok(x) => x,
                 Err(e) if e.is_not_found() => continue,
                 Err(e) => return Err(e.into()),
@@ -326,12 +328,14 @@ impl Collector for CgroupfsCollector {
 
 /// The cgroupfs collector's [`Signals`] for the cgroup at `rel` (its directory `abs` on the
 /// CPU hierarchy, the cgroup2 mount): pressure from that directory, throttling from the
-/// hierarchy carrying the `cpu` controller (the v1 one on a hybrid node). Not for the
+/// hierarchy carrying the `cpu` controller (the v1 one on a hybrid node; on a unified one
+/// it is the same directory, whose `cpu.stat` the caller read as `cpu_stat`). Not for the
 /// hierarchy root, whose files are system-wide or absent.
 fn fs_signals(
     s: &Scope,
     rel: &str,
     abs: &Path,
+    cpu_stat: &str,
 ) -> Result<(Option<Pressure>, Option<Throttling>), FsError> {
     if rel == "/" {
         return Ok((None, None));
@@ -344,7 +348,7 @@ fn fs_signals(
     let throttling = match s.layout.cfs_mount() {
         Some(mount) if s.signals.throttling => {
             let v2 = matches!(s.layout, Layout::Unified { .. });
-            cgroupfs::throttling(&cgroupfs::join_rel(mount, rel), v2)?
+            cgroupfs::throttling(&cgroupfs::join_rel(mount, rel), v2, v2.then_some(cpu_stat))?
         }
         _ => None,
     };

@@ -357,7 +357,7 @@ fn signals_against_files(
             .expect("PSI on")
     };
     let throttling = || {
-        cgroupfs::throttling(&cfs_dir, v2)
+        cgroupfs::throttling(&cfs_dir, v2, None)
             .expect("cpu.stat")
             .expect("a quota")
     };
@@ -520,7 +520,7 @@ fn windows_against_files(
             let mut v = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let p = cgroupfs::pressure(&psi_dir).ok().flatten();
-                let t = cgroupfs::throttling(&cfs_dir, v2).ok().flatten();
+                let t = cgroupfs::throttling(&cfs_dir, v2, None).ok().flatten();
                 if let (Some(p), Some(t)) = (p, t) {
                     v.push((now(), p.cpu_some_ns, t.periods, t.throttled));
                 }

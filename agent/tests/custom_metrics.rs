@@ -152,7 +152,7 @@ fn read_files(layout: &Layout, pod: &str, v2: bool) -> Files {
     for (name, _, _) in CONTAINERS {
         let rel = format!("{pod}/{name}");
         files.psi.push(psi(&rel));
-        let cfs = cgroupfs::throttling(&cfs_dir(layout, &rel), v2)
+        let cfs = cgroupfs::throttling(&cfs_dir(layout, &rel), v2, None)
             .expect("cpu.stat")
             .expect("a quota");
         files.cfs.push((cfs.periods, cfs.throttled));

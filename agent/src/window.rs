@@ -97,10 +97,15 @@ impl Track {
                 *self = Track::default();
             }
         }
-        let point = match (r.at, self.last) {
+        // When the reading's instant is the last one's: since the tick that first saw it.
+        let unmoved_since = match (r.at, self.last) {
+            (Some(at), Some((last, seen))) if last.at == Some(at) => Some(seen),
+            _ => None,
+        };
+        self.last = Some((r, unmoved_since.unwrap_or(t)));
+        let point = match (r.at, unmoved_since) {
             (None, _) => Some(Point { t, k: t, v: r.v }),
-            (Some(at), Some((last, seen))) if last.at == Some(at) => {
-                self.last = Some((r, seen));
+            (Some(at), Some(seen)) => {
                 let idle = t.saturating_sub(seen);
                 (idle > settle).then_some(Point {
                     t,
@@ -108,11 +113,8 @@ impl Track {
                     v: r.v,
                 })
             }
-            (Some(at), _) => Some(Point { t, k: at, v: r.v }),
+            (Some(at), None) => Some(Point { t, k: at, v: r.v }),
         };
-        if !matches!((r.at, self.last), (Some(at), Some((last, _))) if last.at == Some(at)) {
-            self.last = Some((r, t));
-        }
         let Some(p) = point else { return };
         if let Some(end) = self.end {
             if p.t <= end.t || p.k <= end.k {

@@ -73,42 +73,6 @@ fn write(path: &Path, contents: impl AsRef<[u8]>) {
     std::fs::write(path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
 
-/// A CA, the server's certificate, one client certificate per name (`CN`, `O`).
-fn pki(dir: &Path, clients: &[(&str, &str)]) {
-    let ca_key = rcgen::KeyPair::generate().expect("CA key");
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "kpulse custom metrics e2e CA");
-    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).expect("CA certificate");
-    write(&dir.join("ca.crt"), ca.pem());
-    let key = rcgen::KeyPair::generate().expect("server key");
-    let cert = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
-        .expect("server params")
-        .signed_by(&key, &ca)
-        .expect("server certificate");
-    write(&dir.join("server.crt"), cert.pem());
-    write(&dir.join("server.key"), key.serialize_pem());
-    for (cn, org) in clients {
-        let key = rcgen::KeyPair::generate().expect("client key");
-        let mut params =
-            rcgen::CertificateParams::new(Vec::<String>::new()).expect("client params");
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, *cn);
-        if !org.is_empty() {
-            params
-                .distinguished_name
-                .push(rcgen::DnType::OrganizationName, *org);
-        }
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-        let cert = params.signed_by(&key, &ca).expect("client certificate");
-        write(&dir.join(format!("{cn}.crt")), cert.pem());
-        write(&dir.join(format!("{cn}.key")), key.serialize_pem());
-    }
-}
-
 /// A pod's containers: name, workload, CPU quota (µs per 100 ms period).
 const CONTAINERS: [(&str, &str, u32); 2] = [
     // Throttled in every period, waiting for CPU most of the time.
@@ -299,14 +263,14 @@ fn run() {
     );
     std::fs::create_dir_all(&dir.0).expect("test directory");
     let d = &dir.0;
-    pki(
-        d,
-        &[
-            ("cm-ebpf", ""),
-            ("cm-cgroupfs", ""),
-            ("cm-admin", "system:masters"),
-        ],
-    );
+    let pki = common::pki::TestPki::new(d, "kpulse custom metrics e2e CA");
+    for (cn, org) in [
+        ("cm-ebpf", None),
+        ("cm-cgroupfs", None),
+        ("cm-admin", Some("system:masters")),
+    ] {
+        pki.client(cn, org);
+    }
     let (api_port, ingest_port) = (common::agent::free_port(), common::agent::free_port());
     let ca = d.join("ca.crt");
     let _server = Proc(

@@ -185,70 +185,18 @@ fn agent_bin() -> PathBuf {
 // certificate per node (CN = node name), for --agent-client-ca-file.
 
 struct Pki {
-    ca_file: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-    /// For the tap.
-    server_config: Arc<rustls::ServerConfig>,
+    pki: common::pki::TestPki,
     /// Node → (certificate, key) files.
     clients: BTreeMap<String, (PathBuf, PathBuf)>,
 }
 
 fn pki(dir: &Path, nodes: &[&str]) -> Pki {
-    let ca_key = rcgen::KeyPair::generate().expect("CA key");
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "kpulse e2e CA");
-    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).expect("CA certificate");
-    let ca_file = dir.join("ca.crt");
-    write(&ca_file, ca.pem());
-
-    let key = rcgen::KeyPair::generate().expect("server key");
-    let params = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
-        .expect("server params");
-    let cert = params.signed_by(&key, &ca).expect("server certificate");
-    let (server_cert, server_key) = (dir.join("server.crt"), dir.join("server.key"));
-    write(&server_cert, cert.pem());
-    write(&server_key, key.serialize_pem());
-    let der_key =
-        rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("server key DER");
-    let mut server_config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS versions")
-    .with_no_client_auth()
-    .with_single_cert(vec![cert.der().clone()], der_key)
-    .expect("tap TLS configuration");
-    server_config.alpn_protocols = vec![b"h2".to_vec()];
-
-    let mut clients = BTreeMap::new();
-    for node in nodes {
-        let key = rcgen::KeyPair::generate().expect("client key");
-        let mut params =
-            rcgen::CertificateParams::new(Vec::<String>::new()).expect("client params");
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, *node);
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-        let cert = params.signed_by(&key, &ca).expect("client certificate");
-        let (c, k) = (
-            dir.join(format!("{node}.crt")),
-            dir.join(format!("{node}.key")),
-        );
-        write(&c, cert.pem());
-        write(&k, key.serialize_pem());
-        clients.insert((*node).to_string(), (c, k));
-    }
-    Pki {
-        ca_file,
-        server_cert,
-        server_key,
-        server_config: Arc::new(server_config),
-        clients,
-    }
+    let pki = common::pki::TestPki::new(dir, "kpulse e2e CA");
+    let clients = nodes
+        .iter()
+        .map(|node| ((*node).to_string(), pki.client(node, None)))
+        .collect();
+    Pki { pki, clients }
 }
 
 impl Pki {
@@ -297,9 +245,9 @@ impl Replica {
         .map(OsString::from)
         .chain(
             [
-                ("--tls-cert-file", pki.server_cert.as_path()),
-                ("--tls-private-key-file", pki.server_key.as_path()),
-                ("--agent-client-ca-file", pki.ca_file.as_path()),
+                ("--tls-cert-file", pki.pki.server_cert.as_path()),
+                ("--tls-private-key-file", pki.pki.server_key.as_path()),
+                ("--agent-client-ca-file", pki.pki.ca_file.as_path()),
                 ("--kubeconfig", api_kubeconfig),
             ]
             .into_iter()
@@ -869,7 +817,7 @@ fn sim_pods(node: &str) -> Vec<(PodMeta, Vec<(&'static str, u64)>)> {
 fn spawn_sim(node: &'static str, replicas: Vec<String>, pki: &Pki) -> tokio::task::JoinHandle<()> {
     let (cert, key) = pki.client(node).clone();
     let tls = ship::tls::client_config(&ship::tls::TlsOptions {
-        ca_file: Some(pki.ca_file.clone()),
+        ca_file: Some(pki.pki.ca_file.clone()),
         client_cert: Some((cert, key)),
         ..Default::default()
     })
@@ -1008,7 +956,7 @@ fn pipeline_end_to_end() {
     let ingests: Vec<String> = replicas.iter().map(Replica::ingest).collect();
 
     // The real agent: both replicas, and the tap.
-    let tap = rt.block_on(Tap::start(pki.server_config.clone()));
+    let tap = rt.block_on(Tap::start(pki.pki.server_config.clone()));
     let (cert, key) = pki.client(NODE);
     let mut agent_cmd = Command::new(agent_bin());
     agent_cmd
@@ -1029,7 +977,7 @@ fn pipeline_end_to_end() {
         .arg("--pods-file")
         .arg(&pods_file)
         .arg("--server-ca-file")
-        .arg(&pki.ca_file)
+        .arg(&pki.pki.ca_file)
         .arg("--client-cert-file")
         .arg(cert)
         .arg("--client-key-file")
@@ -1068,7 +1016,7 @@ fn pipeline_end_to_end() {
     // --- A token bound to node-a streaming node-b: refused (403, wrong_node). -------------
     let stolen = {
         let tls = ship::tls::client_config(&ship::tls::TlsOptions {
-            ca_file: Some(pki.ca_file.clone()),
+            ca_file: Some(pki.pki.ca_file.clone()),
             ..Default::default()
         })
         .expect("token agent TLS configuration");

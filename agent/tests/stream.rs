@@ -74,40 +74,10 @@ enum Mode {
     },
 }
 
-/// Test certificates: a CA and a serving certificate for `localhost` / 127.0.0.1.
-struct Pki {
-    ca_file: PathBuf,
-    server: Arc<rustls::ServerConfig>,
-}
+type Pki = common::pki::TestPki;
 
 fn pki(dir: &Path) -> Pki {
-    let ca_key = rcgen::KeyPair::generate().expect("CA key");
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "kpulse test CA");
-    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).expect("CA");
-    let key = rcgen::KeyPair::generate().expect("server key");
-    let params = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
-        .expect("server params");
-    let cert = params.signed_by(&key, &ca).expect("server certificate");
-    let ca_file = dir.join("ca.pem");
-    std::fs::write(&ca_file, ca.pem()).expect("write CA");
-    let der_key = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("key");
-    let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_no_client_auth()
-    .with_single_cert(vec![cert.der().clone()], der_key)
-    .expect("server config");
-    server.alpn_protocols = vec![b"h2".to_vec()];
-    Pki {
-        ca_file,
-        server: Arc::new(server),
-    }
+    common::pki::TestPki::new(dir, "kpulse test CA")
 }
 
 /// The in-test aggregator: accepts or refuses streams, reports what it sees. Dropping it
@@ -137,7 +107,7 @@ impl Server {
         }
         let listener = listener.expect("bind the test server");
         let addr = listener.local_addr().expect("addr");
-        let acceptor = tokio_rustls::TlsAcceptor::from(pki.server.clone());
+        let acceptor = tokio_rustls::TlsAcceptor::from(pki.server_config.clone());
         let task = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
             loop {

@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod bpf;
+pub mod pki;
 pub mod swap;
 pub mod workload;
 

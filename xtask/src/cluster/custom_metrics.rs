@@ -23,6 +23,7 @@
 
 use std::{
     path::Path,
+    process::Command,
     thread,
     time::{Duration, Instant},
 };
@@ -50,7 +51,7 @@ const LOAD_DIR: &str = "custom-load";
 pub(super) fn custom_metrics(ctx: &Ctx<'_>) -> Result<String> {
     let root = crate::vm::workspace_root()?;
     let refused = other_adapter_is_not_taken_over(ctx, &root)?;
-    install(ctx, &root)?;
+    install(&|| ctx.kubectl(), &root)?;
     let load_dir = ctx.dirs.run.join(LOAD_DIR);
     std::fs::create_dir_all(&load_dir)?;
     let flag = load_dir.join("on");
@@ -69,9 +70,21 @@ fn apiservice_target(ctx: &Ctx<'_>) -> Result<String> {
     ))
 }
 
+/// The install's first step: everything but the APIServices.
+fn apply_all_but_apiservices(mut kubectl: Command, root: &Path) -> Result<()> {
+    crate::exec::output(kubectl.current_dir(root).args([
+        "apply",
+        "-k",
+        OVERLAY,
+        "-l",
+        NOT_APISERVICES,
+    ]))?;
+    Ok(())
+}
+
 /// The install's second step: the APIServices, server-side.
-fn apply_apiservices(ctx: &Ctx<'_>, root: &Path) -> Result<std::process::Output> {
-    ctx.kubectl()
+fn apply_apiservices(mut kubectl: Command, root: &Path) -> Result<std::process::Output> {
+    kubectl
         .current_dir(root)
         .args(["apply", "--server-side", "-k", OVERLAY, "-l", APISERVICES])
         .output()
@@ -100,15 +113,8 @@ fn other_adapter_is_not_taken_over(ctx: &Ctx<'_>, root: &Path) -> Result<String>
             .args(["apply", "--server-side", "--field-manager=helm", "-f"])
             .arg(&file),
     )?;
-    // The install's first step: everything but the APIServices.
-    crate::exec::output(ctx.kubectl().current_dir(root).args([
-        "apply",
-        "-k",
-        OVERLAY,
-        "-l",
-        NOT_APISERVICES,
-    ]))?;
-    let out = apply_apiservices(ctx, root)?;
+    apply_all_but_apiservices(ctx.kubectl(), root)?;
+    let out = apply_apiservices(ctx.kubectl(), root)?;
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let target = apiservice_target(ctx)?;
     let _ = crate::exec::output(ctx.kubectl().args(["delete", "apiservice", APISERVICE]));
@@ -137,26 +143,40 @@ fn other_adapter_is_not_taken_over(ctx: &Ctx<'_>, root: &Path) -> Result<String>
     )
 }
 
-fn install(ctx: &Ctx<'_>, root: &Path) -> Result<()> {
-    let out = apply_apiservices(ctx, root)?;
+/// deploy/README.md's install of the overlay, both steps, as a user without another adapter
+/// does it (the `throttled` part of `bench-vs-metrics-server`); waits as [`install`] does.
+/// `kubectl` gives a kubectl for the cluster; `root` is the repository.
+pub(super) fn install_overlay(kubectl: &dyn Fn() -> Command, root: &Path) -> Result<()> {
+    apply_all_but_apiservices(kubectl(), root)?;
+    install(kubectl, root)
+}
+
+/// The install's second step (the first is done), then waits for the rollouts it causes
+/// and for the APIService to be `Available`.
+fn install(kubectl: &dyn Fn() -> Command, root: &Path) -> Result<()> {
+    let out = apply_apiservices(kubectl(), root)?;
     ensure!(
         out.status.success(),
         "kubectl apply --server-side of the APIServices: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     for what in ["deployment/kpulse-aggregator-api", "daemonset/kpulse-agent"] {
-        crate::exec::output(ctx.kubectl().args([
+        crate::exec::output(kubectl().args([
             "-n",
             "kpulse-system",
             "rollout",
             "status",
             what,
             "--timeout=180s",
+            // The watch may take longer than a request's timeout; `--timeout` bounds it.
+            "--request-timeout=0",
         ]))?;
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let v = ctx.json(&["get", "apiservice", APISERVICE])?;
+        let out =
+            crate::exec::output(kubectl().args(["get", "apiservice", APISERVICE, "-o", "json"]))?;
+        let v: Value = serde_json::from_str(&out).context("kubectl printed no JSON")?;
         let available = v["status"]["conditions"]
             .as_array()
             .into_iter()

@@ -49,6 +49,8 @@ pub fn metrics_server_image() -> String {
 }
 /// Static busybox for test workloads.
 pub const BUSYBOX_IMAGE: &str = "kpulse.local/busybox:latest";
+/// The host's busybox that [`BUSYBOX_IMAGE`] is made of.
+pub const HOST_BUSYBOX: &str = "/bin/busybox";
 /// The distroless runtime image of the Containerfiles, and its `nonroot` variant.
 pub const DISTROLESS: &str = "gcr.io/distroless/cc-debian12:latest";
 pub const DISTROLESS_NONROOT: &str = "gcr.io/distroless/cc-debian12:nonroot";
@@ -330,7 +332,7 @@ impl Builder {
             "/metrics-server",
             Some("65534:65534"),
         )?);
-        let busybox = Path::new("/bin/busybox");
+        let busybox = Path::new(HOST_BUSYBOX);
         ensure!(
             busybox.is_file(),
             "{} is missing (Debian's busybox-static)",

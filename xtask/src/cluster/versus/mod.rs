@@ -19,6 +19,10 @@
 //!   step → first scale-up, load stop → scale-down.
 //! - `window` ([`window`]): kpulse at each `--metric-window` and metrics-server: the HPA's
 //!   first scale-up after a load step, and its replica flapping on a bursty workload.
+//! - `throttled` ([`throttled`]): a workload throttled under its CPU limit while using ~50 %
+//!   of its request, under a CPU-utilisation HPA and under an HPA on kpulse's
+//!   `cpu_throttled_ratio` (`custom.metrics.k8s.io`, the `custom-metrics` overlay, installed
+//!   by the part and left installed): replicas, served figures and the bursts' latency.
 //!
 //! The report (markdown) goes to stdout and to `--out`.
 
@@ -26,6 +30,7 @@ pub(super) mod api;
 mod cost;
 mod freshness;
 mod hpa;
+mod throttled;
 pub(super) mod truth;
 mod window;
 
@@ -52,6 +57,7 @@ pub enum Part {
     Load,
     Hpa,
     Window,
+    Throttled,
 }
 
 /// `cargo xtask bench-vs-metrics-server` flags.
@@ -98,6 +104,13 @@ pub struct Options {
     /// Bursty phases per setting in the window part (interleaved across settings).
     #[arg(long, default_value_t = 1)]
     bursty_rounds: usize,
+    /// How long the throttled part keeps its load on under each HPA.
+    #[arg(long, default_value = "240s", value_parser = humantime::parse_duration)]
+    throttled_phase: Duration,
+    /// CPU time of one pod's burst each second at one replica in the throttled part (the
+    /// total work, shared among the replicas); 100ms is 50 % of the pods' 200m request.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    throttled_burst: Duration,
     /// Where the markdown report goes.
     #[arg(long, default_value = "target/bench-vs-metrics-server.md")]
     out: PathBuf,
@@ -301,6 +314,7 @@ pub fn run(opts: &Options) -> Result<()> {
             Part::Load,
             Part::Hpa,
             Part::Window,
+            Part::Throttled,
         ]
     } else {
         opts.only.clone()
@@ -345,6 +359,12 @@ pub fn run(opts: &Options) -> Result<()> {
                     opts.bursty_phase,
                     opts.bursty_rounds,
                     opts.scale_up_stabilization,
+                )?,
+                Part::Throttled => throttled::run(
+                    &mut bench,
+                    &runtime,
+                    opts.throttled_phase,
+                    opts.throttled_burst,
                 )?,
             }
             reset_namespace(&bench)?;

@@ -36,6 +36,8 @@ const MAX_SAMPLES: usize = 1_000_000;
 pub struct CgroupFiles {
     cpu: PathBuf,
     v2: bool,
+    /// The CPU controller's `cpu.stat` (its CFS bandwidth counters).
+    cpu_stat: PathBuf,
     memory_usage: PathBuf,
     memory_stat: PathBuf,
 }
@@ -53,6 +55,7 @@ impl CgroupFiles {
             CgroupFiles {
                 cpu: dir.join("cpu.stat"),
                 v2: true,
+                cpu_stat: dir.join("cpu.stat"),
                 memory_usage: dir.join("memory.current"),
                 memory_stat: dir.join("memory.stat"),
             }
@@ -62,6 +65,7 @@ impl CgroupFiles {
             CgroupFiles {
                 cpu: cpu.join("cpuacct.usage"),
                 v2: false,
+                cpu_stat: v1_hierarchy(root, "cpu")?.join(rel).join("cpu.stat"),
                 memory_usage: mem.join("memory.usage_in_bytes"),
                 memory_stat: mem.join("memory.stat"),
             }
@@ -85,6 +89,16 @@ impl CgroupFiles {
                 .parse()
                 .with_context(|| format!("{}: not a number", self.cpu.display()))
         }
+    }
+
+    /// The CFS bandwidth counters: `(nr_periods, nr_throttled)`.
+    pub fn throttling(&self) -> Result<(u64, u64)> {
+        let text = fs::read_to_string(&self.cpu_stat)
+            .with_context(|| format!("cannot read {}", self.cpu_stat.display()))?;
+        let field = |key: &str| {
+            stat_field(&text, key).with_context(|| format!("{}: no {key}", self.cpu_stat.display()))
+        };
+        Ok((field("nr_periods")?, field("nr_throttled")?))
     }
 
     /// Whether the files are cgroup v2's.
@@ -147,6 +161,7 @@ impl CgroupFiles {
         Some(CgroupFiles {
             cpu: up(&self.cpu)?,
             v2: self.v2,
+            cpu_stat: up(&self.cpu_stat)?,
             memory_usage: up(&self.memory_usage)?,
             memory_stat: up(&self.memory_stat)?,
         })

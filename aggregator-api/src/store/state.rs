@@ -111,9 +111,14 @@ pub(super) fn next_state(
         // Points of an earlier pod with the same name are not this pod's.
         let same_pod = old_pod.filter(|p| *p.uid == *pod.uid);
         let mut containers: Vec<ContainerState> = Vec::with_capacity(pod.containers.len());
-        let mut container_signals: Vec<Signals> = Vec::new();
         let with_signals =
             pod.signals.is_some() || pod.containers.iter().any(|c| c.signals.is_some());
+        // Sized once: boxed below without a reallocation.
+        let mut container_signals: Vec<Signals> = Vec::with_capacity(if with_signals {
+            pod.containers.len()
+        } else {
+            0
+        });
         let timestamp = pod.containers.iter().map(|c| c.timestamp).min();
         for sample in pod.containers {
             if containers.iter().any(|c| *c.name == *sample.name) {

@@ -5,8 +5,8 @@
 //!
 //! Each agent has a pod of its own: a pod cgroup holding two container cgroups with CPU
 //! quotas, `app` (a busy loop under 10 %: throttled in every period, waiting for CPU most
-//! of the time) and `bursty` (busy about half of every 20 ms under 40 %: throttled in some
-//! periods), and reports only that subtree (`--cgroup-root`), so that neither agent's reads
+//! of the time) and `bursty` (bursts of 100 ms of CPU, 100 ms asleep between them, under 40 %:
+//! throttled in some periods), and reports only that subtree (`--cgroup-root`), so that neither agent's reads
 //! touch the other's cgroups. While a window passes the test reads every pressure file and
 //! `cpu.stat` every 200 ms; then it asks for each metric of the pod's own series and of each
 //! container's (`metricLabelSelector=container=<name>`), and checks each served share
@@ -77,8 +77,10 @@ fn write(path: &Path, contents: impl AsRef<[u8]>) {
 const CONTAINERS: [(&str, &str, u32); 2] = [
     // Throttled in every period, waiting for CPU most of the time.
     ("app", "spin", 10_000),
-    // Busy about half of every 20 ms against a quota of 40 %: throttled in some periods.
-    ("bursty", "duty", 40_000),
+    // Bursts of 100 ms of CPU time, 100 ms apart, against a quota of 40 %: throttled in
+    // some periods. (A wall-clock duty cycle asked for less CPU on a busy host, and was
+    // then hardly ever throttled.)
+    ("bursty", "bursts", 40_000),
 ];
 
 /// The kernel's files of one pod at one instant.
@@ -436,8 +438,8 @@ fn run() {
     let mut failures = Vec::new();
     for ((node, collector), files) in NODES.iter().zip(&samples) {
         let (first, last) = (&files[0], &files[files.len() - 1]);
-        // Not a fake: the load really was throttled (all of app's periods, some of
-        // bursty's) and stalled.
+        // Not a fake: the load really was throttled (all of app's periods, some but not
+        // all of bursty's) and stalled.
         let span = (last.t - first.t) as f64;
         let throttled = |i: usize| {
             let (p, t) = (
@@ -449,7 +451,7 @@ fn run() {
         assert!(
             (last.psi[1][0] - first.psi[1][0]) as f64 / span > 0.3
                 && throttled(0) > 0.9
-                && throttled(1) > 0.02,
+                && (0.05..0.95).contains(&throttled(1)),
             "{node}: the quotas did not bite as planned: {first:?} {last:?}"
         );
         // The eBPF collector's windows end at the kernel's last averaging (up to 2 s and a

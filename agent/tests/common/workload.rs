@@ -51,6 +51,24 @@ fn run(args: &[String]) {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
+        // `bursts <procs...>`: 100 ms of this thread's CPU time, then 100 ms asleep, forever.
+        // Counted in CPU time, so that a throttled or descheduled burst still asks for all
+        // of it: under a 40 % quota each burst runs out of at least two periods' quota,
+        // however busy the host (`duty`, counted in wall time, asks for less when it gets
+        // less), and the sleep leaves periods unthrottled.
+        "bursts" => {
+            join(&args[1..]);
+            ready();
+            loop {
+                let start = thread_cpu();
+                while thread_cpu().saturating_sub(start) < Duration::from_millis(100) {
+                    for _ in 0..1_000 {
+                        std::hint::spin_loop();
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
         // `container <lifetime_ms> <cache file or -> <procs...>`: what a short-lived
         // container does: some CPU, 1 MiB of anonymous memory, 16 KiB of page cache charged
         // to its cgroup (kept in the file, so that its memcg outlives the cgroup), then exit.
@@ -74,4 +92,20 @@ fn run(args: &[String]) {
         }
         other => panic!("unknown workload {other:?}"),
     }
+}
+
+/// This thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`).
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
 }

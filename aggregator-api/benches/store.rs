@@ -192,30 +192,23 @@ fn benches(c: &mut Criterion) {
     let one_node = [one_node_name.as_str()];
 
     let mut ingest = c.benchmark_group("ingest");
-    let mut next = node_batch(7, 2);
-    ingest.bench_function("existing_node", |b| {
-        b.iter_batched(
-            || {
-                advance(&mut next);
-                next.clone()
-            },
-            |batch| store.ingest(batch).expect("ingest"),
-            BatchSize::SmallInput,
-        )
-    });
+    // Each iteration ingests `next`'s next tick.
+    let mut ticks = |name: &str, mut next: NodeBatch| {
+        ingest.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    advance(&mut next);
+                    next.clone()
+                },
+                |batch| store.ingest(batch).expect("ingest"),
+                BatchSize::SmallInput,
+            )
+        });
+    };
+    ticks("existing_node", node_batch(7, 2));
     // The same with what `kpulse-agent run --custom-metrics` adds: all three figures on
     // every pod and container.
-    let mut next = with_signals(node_batch(8, 2));
-    ingest.bench_function("existing_node_with_signals", |b| {
-        b.iter_batched(
-            || {
-                advance(&mut next);
-                next.clone()
-            },
-            |batch| store.ingest(batch).expect("ingest"),
-            BatchSize::SmallInput,
-        )
-    });
+    ticks("existing_node_with_signals", with_signals(node_batch(8, 2)));
     let mut fresh = 0usize;
     ingest.bench_function("new_node", |b| {
         b.iter_custom(|iters| {

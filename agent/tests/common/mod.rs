@@ -26,6 +26,23 @@ pub fn is_root() -> bool {
     uid == 0
 }
 
+/// The time on clock `id` (`clock_gettime`), e.g. `CLOCK_BOOTTIME` or
+/// `CLOCK_THREAD_CPUTIME_ID`.
+pub fn clock(id: libc::clockid_t) -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::clock_gettime(id, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime({id})");
+    Duration::new(
+        u64::try_from(ts.tv_sec).expect("seconds"),
+        u32::try_from(ts.tv_nsec).expect("nanoseconds"),
+    )
+}
+
 /// `CI=true` or `CI=1`: tests must not skip.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")

@@ -60,8 +60,10 @@ fn run(args: &[String]) {
             join(&args[1..]);
             ready();
             loop {
-                let start = thread_cpu();
-                while thread_cpu().saturating_sub(start) < Duration::from_millis(100) {
+                let start = super::clock(libc::CLOCK_THREAD_CPUTIME_ID);
+                while super::clock(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(start)
+                    < Duration::from_millis(100)
+                {
                     for _ in 0..1_000 {
                         std::hint::spin_loop();
                     }
@@ -92,20 +94,4 @@ fn run(args: &[String]) {
         }
         other => panic!("unknown workload {other:?}"),
     }
-}
-
-/// This thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`).
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the call to fill.
-    #[allow(unsafe_code)]
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    Duration::new(
-        u64::try_from(ts.tv_sec).unwrap_or(0),
-        u32::try_from(ts.tv_nsec).unwrap_or(0),
-    )
 }

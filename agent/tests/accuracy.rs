@@ -449,12 +449,16 @@ fn signals_against_files(
             ));
         }
     }
-    // The eBPF walk's averaged readings: present, and never ahead of the current totals.
+    // The eBPF walk's averaged readings: present, and never ahead of the current totals
+    // (which the files print in whole µs: an averaged total of an idle cgroup equals the
+    // current one to the ns, and is then ahead of the file by the truncated ns).
     let snap = ebpf.collect().expect("collect");
     let p = pressure("throttled");
     checks += 1;
     match find(&snap, &path).pressure.and_then(|p| p.averaged) {
-        Some(a) if a.at_ns > 0 && a.cpu_some_ns <= p.cpu_some_ns && a.cpu_some_ns > 0 => {}
+        Some(a)
+            if a.at_ns > 0 && a.cpu_some_ns / 1000 <= p.cpu_some_ns / 1000 && a.cpu_some_ns > 0 => {
+        }
         other => failures.push(format!(
             "ebpf: averaged PSI reading {other:?}, files then {p:?}"
         )),
@@ -963,26 +967,9 @@ fn run() -> usize {
     checks
 }
 
-/// Steps the (VM's) wall clock back by 0.5 s, back by 30 s and forward by one hour between
-/// two collections, as `date -s` or an NTP step would, and checks what the agent relies on
-/// (`kpulse_agent::clock`): the window between two samples is the real elapsed time whatever
-/// the wall clock did, so the busy loop's rate stays at most one core; the tick loop's
-/// check sees each step, to within the threshold; after it the timestamps are the wall
-/// clock's again, and the boot instant (the node's `started_at`, and the base of every
-/// container's) moved by the step, which makes the aggregator restart every series instead
-/// of computing a rate across the step.
 /// Boot-clock nanoseconds (`CLOCK_BOOTTIME`, the clock the eBPF program reads).
 fn boottime_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec.
-    #[allow(unsafe_code)]
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME)");
-    u64::try_from(ts.tv_sec).expect("seconds") * 1_000_000_000
-        + u64::try_from(ts.tv_nsec).expect("nanoseconds")
+    u64::try_from(common::clock(libc::CLOCK_BOOTTIME).as_nanos()).expect("nanoseconds")
 }
 
 /// The `cgroup_mkdir` program's creation instants: a cgroup made now has one, inside the
@@ -1114,6 +1101,14 @@ fn births(
     checks
 }
 
+/// Steps the (VM's) wall clock back by 0.5 s, back by 30 s and forward by one hour between
+/// two collections, as `date -s` or an NTP step would, and checks what the agent relies on
+/// (`kpulse_agent::clock`): the window between two samples is the real elapsed time whatever
+/// the wall clock did, so the busy loop's rate stays at most one core; the tick loop's
+/// check sees each step, to within the threshold; after it the timestamps are the wall
+/// clock's again, and the boot instant (the node's `started_at`, and the base of every
+/// container's) moved by the step, which makes the aggregator restart every series instead
+/// of computing a rate across the step.
 fn clock_steps(ebpf: &mut EbpfCollector, spin: &str, failures: &mut Vec<String>) -> usize {
     use kpulse_agent::clock;
     const HALF: Duration = Duration::from_millis(500);

@@ -133,6 +133,17 @@ pub struct Config {
     /// "The served window", for the measured trade-off.
     #[arg(long, env = "KPULSE_METRIC_WINDOW", default_value = "1s", value_parser = duration)]
     pub metric_window: std::time::Duration,
+    /// `fixed`: every rate is over `--metric-window`. `adaptive`: `--metric-window` is the
+    /// longest window; after a change of CPU level (two intervals in a row far outside the
+    /// window's spread) a series is served over the time since the change, which grows
+    /// back to the whole window. The served `window` always says which.
+    #[arg(
+        long,
+        env = "KPULSE_METRIC_WINDOW_MODE",
+        default_value = "fixed",
+        value_enum
+    )]
+    pub metric_window_mode: WindowModeArg,
     /// Also serve `custom.metrics.k8s.io` (`cpu_pressure`, `memory_pressure`,
     /// `cpu_throttled_ratio` of pods and containers) from what agents run with
     /// `--custom-metrics` send. Off by default; the `custom-metrics` overlay turns it on and
@@ -204,6 +215,24 @@ pub struct Config {
     /// Agent streams (requests on the agents' port) at once; more get 429.
     #[arg(long, env = "KPULSE_MAX_AGENT_STREAMS", default_value_t = crate::ingest::DEFAULT_MAX_STREAMS)]
     pub max_agent_streams: usize,
+}
+
+/// `--metric-window-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WindowModeArg {
+    /// Every rate over `--metric-window`.
+    Fixed,
+    /// `--metric-window` at most; the time since a change of CPU level when shorter.
+    Adaptive,
+}
+
+impl From<WindowModeArg> for crate::store::WindowMode {
+    fn from(m: WindowModeArg) -> crate::store::WindowMode {
+        match m {
+            WindowModeArg::Fixed => crate::store::WindowMode::Fixed,
+            WindowModeArg::Adaptive => crate::store::WindowMode::Adaptive,
+        }
+    }
 }
 
 /// `--authorization-mode`.
@@ -336,6 +365,9 @@ impl Config {
         if self.metric_expiry.is_zero() {
             errs.push("--metric-expiry must be positive".into());
         }
+        if self.metric_window_mode == WindowModeArg::Adaptive && self.metric_window.is_zero() {
+            errs.push("--metric-window-mode=adaptive needs a positive --metric-window".into());
+        }
         if self.metric_window > MAX_METRIC_WINDOW {
             errs.push(format!(
                 "--metric-window must be at most {}s (the HPA's CPU initialisation period)",
@@ -423,6 +455,23 @@ mod tests {
             .to_string();
         assert!(e.contains("--metric-window must be at most 300s"), "{e}");
         assert!(Config::try_parse_from(["x", "--metric-window", "-1s"]).is_err());
+    }
+
+    #[test]
+    fn an_adaptive_window_needs_a_longest_window() {
+        assert_eq!(parse(&[]).metric_window_mode, WindowModeArg::Fixed);
+        let c = parse(&["--metric-window-mode", "adaptive", "--metric-window", "45s"]);
+        c.validate().expect("adaptive, up to 45 s");
+        assert_eq!(
+            crate::store::WindowMode::from(c.metric_window_mode),
+            crate::store::WindowMode::Adaptive
+        );
+        let e = parse(&["--metric-window-mode", "adaptive", "--metric-window", "0s"])
+            .validate()
+            .expect_err("nothing to adapt")
+            .to_string();
+        assert!(e.contains("needs a positive --metric-window"), "{e}");
+        assert!(Config::try_parse_from(["x", "--metric-window-mode", "sliding"]).is_err());
     }
 
     #[test]

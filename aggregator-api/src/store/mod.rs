@@ -69,6 +69,14 @@
 //! they drop the previous point above. No value is interpolated: every rate is the
 //! difference of two counter readings.
 //!
+//! With [`WindowMode::Adaptive`] (`--metric-window-mode=adaptive`), `W` is the longest
+//! window. Each series also keeps the mean and spread of its intervals' rates since its
+//! CPU level last changed; when two intervals in a row both lie far outside that spread
+//! on the same side (`series::Level`), the kept points older than the newest interval
+//! are dropped, so the window restarts at one interval and grows back to `W`. A steady or
+//! noisy series is served over `W`; a step, over the time since it, about two intervals
+//! after it. The window stated is, as always, exactly the span of the rate.
+//!
 //! # Expiry
 //!
 //! Data is *fresh* while both its own timestamp and the time the store received it are at
@@ -206,6 +214,19 @@ pub struct StoreConfig {
     /// every point (see "Served window" in the module docs). Zero: from the point before
     /// the last, i.e. one agent interval.
     pub window: Duration,
+    /// Whether `window` is always served or is the longest served (see "Served window").
+    pub window_mode: WindowMode,
+}
+
+/// How the served window follows the CPU level (`--metric-window-mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WindowMode {
+    /// Always the whole window.
+    #[default]
+    Fixed,
+    /// The whole window while the CPU level holds; after a change of level, the time since
+    /// it, growing back to the whole window (see "Served window").
+    Adaptive,
 }
 
 impl StoreConfig {
@@ -215,6 +236,7 @@ impl StoreConfig {
             metric_expiry,
             first_point_max_age: DEFAULT_FIRST_POINT_MAX_AGE,
             window: Duration::ZERO,
+            window_mode: WindowMode::Fixed,
         }
     }
 }
@@ -380,6 +402,12 @@ impl<C: Clock> Store<C> {
             return Err(Error::InvalidConfig {
                 field: "metric_expiry",
                 reason: "must be positive",
+            });
+        }
+        if config.window_mode == WindowMode::Adaptive && config.window.is_zero() {
+            return Err(Error::InvalidConfig {
+                field: "window",
+                reason: "must be positive for an adaptive window (it is the longest served)",
             });
         }
         let now = clock.now();
@@ -1660,6 +1688,133 @@ mod tests {
                 assert!(got.abs_diff(S / 2) <= 1, "tick {tick}: {got} at {i}");
             }
         }
+    }
+
+    /// A store serving an adaptive window of `window`, expiry 10 s.
+    fn adaptive(window: Duration) -> (TestStore, Arc<ManualClock>) {
+        store_with(StoreConfig {
+            window,
+            window_mode: WindowMode::Adaptive,
+            ..StoreConfig::new(Duration::from_secs(10))
+        })
+    }
+
+    /// Feeds container `c` of pod `p` a point a second from `T0` for each second's usage
+    /// in `usage` (nanoseconds of CPU), returning each point's served (window, rate).
+    fn feed_seconds(
+        s: &TestStore,
+        clock: &ManualClock,
+        usage: impl IntoIterator<Item = u64>,
+    ) -> Vec<Option<(Duration, NanoCores)>> {
+        let mut total = 0;
+        let mut served = Vec::new();
+        let point = |i: u64, total: u64| {
+            let t = T0 + i * S;
+            feed(s, clock, "n1", t, vec![pod("p", vec![c(t, total)])]);
+            get(s, "p").map(|p| (p.window, cpu_of(&p, "c")))
+        };
+        served.push(point(0, 0));
+        for (i, used) in usage.into_iter().enumerate() {
+            total += used;
+            served.push(point(i as u64 + 1, total));
+        }
+        served
+    }
+
+    #[test]
+    fn an_adaptive_window_restarts_at_a_step_and_grows_back() {
+        let w = Duration::from_secs(30);
+        let (s, clock) = adaptive(w);
+        // 45 s idle with a little noise (1 or 3 mCPU), then half a core from 0.3 s into
+        // second 46, for 60 s; then idle again.
+        let usage = (0..45)
+            .map(|i| if i % 2 == 0 { MS } else { 3 * MS })
+            .chain([S / 2 * 7 / 10])
+            .chain(std::iter::repeat_n(S / 2, 60))
+            .chain(std::iter::repeat_n(0, 40));
+        let served = feed_seconds(&s, &clock, usage);
+        // Idle: the whole window once the series is old enough.
+        for (i, got) in served.iter().enumerate().take(46).skip(31) {
+            let (window, _) = got.expect("a rate");
+            assert!(window >= w - w / 16, "point {i}: {window:?}");
+        }
+        // Point 46 holds the partial second: one interval cannot move the window.
+        assert!(served[46].expect("a rate").0 >= w - w / 16);
+        // Point 47: two intervals far above the idle level; the window restarts at the
+        // newest interval and serves the new rate exactly.
+        assert_eq!(served[47], Some((Duration::from_secs(1), NanoCores(S / 2))));
+        // Then it grows back by a second a point (all of it at the new level) until a
+        // younger kept point is old enough, never past its bound.
+        for (i, got) in served.iter().enumerate().take(107).skip(48) {
+            let (window, cpu) = got.expect("a rate");
+            assert_eq!(cpu, NanoCores(S / 2), "point {i}");
+            if i <= 76 {
+                assert_eq!(window, Duration::from_secs(i as u64 - 46), "point {i}");
+            }
+            assert!(window <= w + w / 4 + Duration::from_secs(1), "point {i}");
+        }
+        // The drop: the second idle interval restarts it again, at zero.
+        assert!(served[107].expect("a rate").0 > Duration::from_secs(1));
+        assert_eq!(served[108], Some((Duration::from_secs(1), NanoCores(0))));
+        for (i, got) in served.iter().enumerate().skip(109) {
+            let (window, cpu) = got.expect("a rate");
+            assert_eq!(cpu, NanoCores(0), "point {i}");
+            if i <= 136 {
+                assert_eq!(window, Duration::from_secs(i as u64 - 107), "point {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_adaptive_window_holds_through_spikes_and_noise() {
+        // A bursty container: 200 mCPU in one second of six (twice in a row once), else
+        // idle: a mean near 33 mCPU with spikes far above it, but never two intervals
+        // outside the spread of the intervals before them, so always the whole window.
+        let w = Duration::from_secs(30);
+        let (s, clock) = adaptive(w);
+        let usage = (0..120u64).map(|i| if i % 6 == 0 || i == 61 { 200 * MS } else { 0 });
+        let served = feed_seconds(&s, &clock, usage);
+        for (i, got) in served.iter().enumerate().skip(31) {
+            let (window, _) = got.expect("a rate");
+            assert!(window >= w - w / 16, "point {i}: {window:?}");
+        }
+        // A fixed window over the same points serves the same.
+        let (fixed, clock) = windowed(w);
+        let usage = (0..120u64).map(|i| if i % 6 == 0 || i == 61 { 200 * MS } else { 0 });
+        assert_eq!(feed_seconds(&fixed, &clock, usage), served);
+    }
+
+    #[test]
+    fn a_steady_load_changes_level_by_a_fifth_or_more_only() {
+        // 500 mCPU for 40 s, then 10 % more (no change of level: within 4 × 5 % of the
+        // mean), then 50 % more (a change).
+        let w = Duration::from_secs(30);
+        let (s, clock) = adaptive(w);
+        let usage = std::iter::repeat_n(500 * MS, 40)
+            .chain(std::iter::repeat_n(550 * MS, 40))
+            .chain(std::iter::repeat_n(750 * MS, 5));
+        let served = feed_seconds(&s, &clock, usage);
+        for (i, got) in served.iter().enumerate().take(81).skip(31) {
+            assert!(got.expect("a rate").0 >= w - w / 16, "point {i}");
+        }
+        assert_eq!(
+            served[82],
+            Some((Duration::from_secs(1), NanoCores(750 * MS)))
+        );
+    }
+
+    #[test]
+    fn an_adaptive_window_needs_a_positive_setting() {
+        let err = Store::with_clock(
+            StoreConfig {
+                window_mode: WindowMode::Adaptive,
+                ..StoreConfig::new(Duration::from_secs(10))
+            },
+            ManualClock::new(UnixNanos(T0)),
+        )
+        .map(|_| ())
+        .expect_err("zero adaptive window");
+        assert!(err.to_string().contains("window"), "{err}");
     }
 
     #[test]

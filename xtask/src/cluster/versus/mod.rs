@@ -95,9 +95,10 @@ pub struct Options {
     /// (0: the HPA's default, none).
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     scale_up_stabilization: Duration,
-    /// kpulse's `--metric-window`s the window part tries.
-    #[arg(long, value_delimiter = ',', default_value = "1s,5s,15s", value_parser = humantime::parse_duration)]
-    windows: Vec<Duration>,
+    /// kpulse's `--metric-window`s the window part tries: a duration (fixed) or
+    /// `adaptive:<duration>` (`--metric-window-mode=adaptive`).
+    #[arg(long, value_delimiter = ',', default_value = "1s,5s,15s")]
+    windows: Vec<window::WindowSpec>,
     /// How long the window part runs its bursty workload for each setting.
     #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
     bursty_phase: Duration,

@@ -1,6 +1,6 @@
 //! The served window, decided by measurement: the HPA's reaction to a load step and its
 //! replica flapping on a bursty workload, with kpulse serving each `--metric-window` in
-//! turn and with metrics-server, in one run.
+//! turn (fixed, or adaptive: [`WindowSpec`]) and with metrics-server, in one run.
 //!
 //! - **Reaction**: the load-step trials of [`super::hpa`] (Deployment `web`), at the
 //!   controller-manager's default 15 s sync.
@@ -14,10 +14,10 @@
 //!   replica-seconds above one, and samples the utilisation the HPA reports every second.
 //!   The first `bursty` pod's cgroup counter gives the workload's true mean.
 //!
-//! kpulse's window is switched with `kubectl set env` of `KPULSE_METRIC_WINDOW` on the
-//! aggregator-api (a rollout), and removed again at the end, whatever happens; the
-//! `v1beta1.metrics.k8s.io` APIService is pointed at the source under test as in
-//! [`super::hpa`].
+//! kpulse's window is switched with `kubectl set env` of `KPULSE_METRIC_WINDOW` and
+//! `KPULSE_METRIC_WINDOW_MODE` on the aggregator-api (a rollout), and removed again at the
+//! end, whatever happens; the `v1beta1.metrics.k8s.io` APIService is pointed at the source
+//! under test as in [`super::hpa`].
 
 use std::{
     fmt::Write as _,
@@ -30,6 +30,42 @@ use anyhow::{ensure, Context, Result};
 use super::{api::Source, hpa, joined, percentile, Bench, NAMESPACE};
 
 const WINDOW_ENV: &str = "KPULSE_METRIC_WINDOW";
+const WINDOW_MODE_ENV: &str = "KPULSE_METRIC_WINDOW_MODE";
+
+/// One kpulse window under test: `15s` (`--metric-window=15s`, fixed) or `adaptive:45s`
+/// (`--metric-window=45s --metric-window-mode=adaptive`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowSpec {
+    window: Duration,
+    adaptive: bool,
+}
+
+impl std::str::FromStr for WindowSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<WindowSpec, String> {
+        let (adaptive, w) = match s.strip_prefix("adaptive:") {
+            Some(w) => (true, w),
+            None => (false, s),
+        };
+        let window = humantime::parse_duration(w).map_err(|e| format!("{s}: {e}"))?;
+        if adaptive && window.is_zero() {
+            return Err(format!("{s}: an adaptive window must be positive"));
+        }
+        Ok(WindowSpec { window, adaptive })
+    }
+}
+
+impl std::fmt::Display for WindowSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let w = humantime::format_duration(self.window);
+        if self.adaptive {
+            write!(f, "adaptive, up to {w}")
+        } else {
+            write!(f, "{w}")
+        }
+    }
+}
 
 /// Each second: spin for one second (`sleep 1` in the background, spinning until it ends)
 /// with probability 1/6 while the flag file exists, else sleep.
@@ -39,14 +75,14 @@ const BURSTY_SCRIPT: &str = "trap 'exit 0' TERM; while :; do if [ -e /v/on ] && 
 #[derive(Clone, Copy, Debug)]
 struct Setting {
     source: Source,
-    /// kpulse's `--metric-window`.
-    window: Option<Duration>,
+    /// kpulse's `--metric-window` and mode.
+    window: Option<WindowSpec>,
 }
 
 impl Setting {
     fn name(&self) -> String {
         match self.window {
-            Some(w) => format!("kpulse, window {}", humantime::format_duration(w)),
+            Some(w) => format!("kpulse, window {w}"),
             None => format!("{} (15 s resolution)", self.source.name()),
         }
     }
@@ -83,19 +119,29 @@ impl Flapping {
 
 /// Sets kpulse's window on the aggregator-api (`None`: its default) and waits for the
 /// rollout.
-fn set_window(bench: &Bench, window: Option<Duration>) -> Result<()> {
-    let assignment = match window {
-        Some(w) => format!("{WINDOW_ENV}={}ms", w.as_millis()),
-        None => format!("{WINDOW_ENV}-"),
+fn set_window(bench: &Bench, window: Option<WindowSpec>) -> Result<()> {
+    let assignments = match window {
+        Some(w) => [
+            format!("{WINDOW_ENV}={}ms", w.window.as_millis()),
+            format!(
+                "{WINDOW_MODE_ENV}={}",
+                if w.adaptive { "adaptive" } else { "fixed" }
+            ),
+        ],
+        None => [format!("{WINDOW_ENV}-"), format!("{WINDOW_MODE_ENV}-")],
     };
-    crate::exec::output(bench.kubectl().args([
-        "-n",
-        "kpulse-system",
-        "set",
-        "env",
-        "deployment/kpulse-aggregator-api",
-        &assignment,
-    ]))?;
+    crate::exec::output(
+        bench
+            .kubectl()
+            .args([
+                "-n",
+                "kpulse-system",
+                "set",
+                "env",
+                "deployment/kpulse-aggregator-api",
+            ])
+            .args(&assignments),
+    )?;
     crate::exec::output(
         bench
             .kubectl()
@@ -177,7 +223,7 @@ fn bursty_phase(bench: &Bench, flag: &std::path::Path, phase: Duration) -> Resul
 pub fn run(
     bench: &mut Bench,
     trials: usize,
-    windows: &[Duration],
+    windows: &[WindowSpec],
     phase: Duration,
     rounds: usize,
     scale_up: Duration,
@@ -321,5 +367,29 @@ pub fn run(
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_specs_are_fixed_or_adaptive() {
+        let spec = |s: &str| s.parse::<WindowSpec>();
+        assert_eq!(
+            spec("15s"),
+            Ok(WindowSpec {
+                window: Duration::from_secs(15),
+                adaptive: false
+            })
+        );
+        let a = spec("adaptive:45s").expect("adaptive");
+        assert!(a.adaptive);
+        assert_eq!(a.window, Duration::from_secs(45));
+        assert_eq!(a.to_string(), "adaptive, up to 45s");
+        assert!(spec("adaptive:0s").is_err());
+        assert!(spec("adaptive").is_err());
+        assert!(spec("fast").is_err());
     }
 }

@@ -130,31 +130,17 @@ fn set_window(bench: &Bench, window: Option<WindowSpec>) -> Result<()> {
         ],
         None => [format!("{WINDOW_ENV}-"), format!("{WINDOW_MODE_ENV}-")],
     };
-    crate::exec::output(
-        bench
-            .kubectl()
-            .args([
-                "-n",
-                "kpulse-system",
-                "set",
-                "env",
-                "deployment/kpulse-aggregator-api",
-            ])
-            .args(&assignments),
-    )?;
-    crate::exec::output(
-        bench
-            .kubectl()
-            .args([
-                "-n",
-                "kpulse-system",
-                "rollout",
-                "status",
-                "deployment/kpulse-aggregator-api",
-                "--timeout=300s",
-            ])
-            .arg("--request-timeout=0"),
-    )?;
+    const DEPLOYMENT: &str = "deployment/kpulse-aggregator-api";
+    let mut set = bench.kubectl();
+    set.args(["-n", "kpulse-system", "set", "env", DEPLOYMENT])
+        .args(&assignments);
+    let mut rollout = bench.kubectl();
+    rollout
+        .args(["-n", "kpulse-system", "rollout", "status", DEPLOYMENT])
+        .args(["--timeout=300s", "--request-timeout=0"]);
+    for mut kubectl in [set, rollout] {
+        crate::exec::output(&mut kubectl)?;
+    }
     Ok(())
 }
 

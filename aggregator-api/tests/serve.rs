@@ -750,6 +750,19 @@ fn bad_flags_exit_with_usage_code_and_sigterm_drains() {
     #[allow(unsafe_code)]
     let rc = unsafe { libc_kill(s.child.id() as i32, 15) };
     assert_eq!(rc, 0);
+    // The signal is handled on the server's own time: wait (bounded) until /readyz says so
+    // (a request right after kill(2) can still find `shutdown` ok).
+    loop {
+        let (_, _, body) = https_get(s.port, "/readyz?verbose", None);
+        if body.contains("[-]shutdown failed: reason withheld") {
+            break;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_millis(1500),
+            "/readyz still ready 1.5 s after SIGTERM: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let mut answered = 0;
     let mut unready = 0;
     loop {

@@ -143,7 +143,7 @@ pub struct Config {
         default_value = "fixed",
         value_enum
     )]
-    pub metric_window_mode: WindowModeArg,
+    pub metric_window_mode: crate::store::WindowMode,
     /// Also serve `custom.metrics.k8s.io` (`cpu_pressure`, `memory_pressure`,
     /// `cpu_throttled_ratio` of pods and containers) from what agents run with
     /// `--custom-metrics` send. Off by default; the `custom-metrics` overlay turns it on and
@@ -215,24 +215,6 @@ pub struct Config {
     /// Agent streams (requests on the agents' port) at once; more get 429.
     #[arg(long, env = "KPULSE_MAX_AGENT_STREAMS", default_value_t = crate::ingest::DEFAULT_MAX_STREAMS)]
     pub max_agent_streams: usize,
-}
-
-/// `--metric-window-mode`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum WindowModeArg {
-    /// Every rate over `--metric-window`.
-    Fixed,
-    /// `--metric-window` at most; the time since a change of CPU level when shorter.
-    Adaptive,
-}
-
-impl From<WindowModeArg> for crate::store::WindowMode {
-    fn from(m: WindowModeArg) -> crate::store::WindowMode {
-        match m {
-            WindowModeArg::Fixed => crate::store::WindowMode::Fixed,
-            WindowModeArg::Adaptive => crate::store::WindowMode::Adaptive,
-        }
-    }
 }
 
 /// `--authorization-mode`.
@@ -365,7 +347,9 @@ impl Config {
         if self.metric_expiry.is_zero() {
             errs.push("--metric-expiry must be positive".into());
         }
-        if self.metric_window_mode == WindowModeArg::Adaptive && self.metric_window.is_zero() {
+        if self.metric_window_mode == crate::store::WindowMode::Adaptive
+            && self.metric_window.is_zero()
+        {
             errs.push("--metric-window-mode=adaptive needs a positive --metric-window".into());
         }
         if self.metric_window > MAX_METRIC_WINDOW {
@@ -459,13 +443,11 @@ mod tests {
 
     #[test]
     fn an_adaptive_window_needs_a_longest_window() {
-        assert_eq!(parse(&[]).metric_window_mode, WindowModeArg::Fixed);
+        use crate::store::WindowMode;
+        assert_eq!(parse(&[]).metric_window_mode, WindowMode::Fixed);
         let c = parse(&["--metric-window-mode", "adaptive", "--metric-window", "45s"]);
         c.validate().expect("adaptive, up to 45 s");
-        assert_eq!(
-            crate::store::WindowMode::from(c.metric_window_mode),
-            crate::store::WindowMode::Adaptive
-        );
+        assert_eq!(c.metric_window_mode, WindowMode::Adaptive);
         let e = parse(&["--metric-window-mode", "adaptive", "--metric-window", "0s"])
             .validate()
             .expect_err("nothing to adapt")

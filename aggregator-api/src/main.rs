@@ -79,7 +79,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let store = Arc::new(
         kpulse_aggregator_api::store::Store::new(kpulse_aggregator_api::store::StoreConfig {
             window: cfg.metric_window,
-            window_mode: cfg.metric_window_mode.into(),
+            window_mode: cfg.metric_window_mode,
             ..kpulse_aggregator_api::store::StoreConfig::new(cfg.metric_expiry)
         })
         .context("store configuration")?,

@@ -219,13 +219,14 @@ pub struct StoreConfig {
 }
 
 /// How the served window follows the CPU level (`--metric-window-mode`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum WindowMode {
-    /// Always the whole window.
+    /// Every rate over `--metric-window`.
     #[default]
     Fixed,
-    /// The whole window while the CPU level holds; after a change of level, the time since
-    /// it, growing back to the whole window (see "Served window").
+    /// `--metric-window` at most: while the CPU level holds, the whole window; after a
+    /// change of level, the time since it, growing back to the whole window (module docs,
+    /// "Served window"; docs/design/aggregator.md, "The adaptive window").
     Adaptive,
 }
 
@@ -1772,16 +1773,15 @@ mod tests {
         // outside the spread of the intervals before them, so always the whole window.
         let w = Duration::from_secs(30);
         let (s, clock) = adaptive(w);
-        let usage = (0..120u64).map(|i| if i % 6 == 0 || i == 61 { 200 * MS } else { 0 });
-        let served = feed_seconds(&s, &clock, usage);
+        let usage = || (0..120u64).map(|i| if i % 6 == 0 || i == 61 { 200 * MS } else { 0 });
+        let served = feed_seconds(&s, &clock, usage());
         for (i, got) in served.iter().enumerate().skip(31) {
             let (window, _) = got.expect("a rate");
             assert!(window >= w - w / 16, "point {i}: {window:?}");
         }
         // A fixed window over the same points serves the same.
         let (fixed, clock) = windowed(w);
-        let usage = (0..120u64).map(|i| if i % 6 == 0 || i == 61 { 200 * MS } else { 0 });
-        assert_eq!(feed_seconds(&fixed, &clock, usage), served);
+        assert_eq!(feed_seconds(&fixed, &clock, usage()), served);
     }
 
     #[test]

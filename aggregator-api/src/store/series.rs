@@ -318,15 +318,9 @@ impl Limits {
                     let dt = new.timestamp.0 - old.last.timestamp.0;
                     let cores = (new.cpu.0 - old.last.cpu.0) as f64 / dt as f64;
                     if level.observe(cores, dt, self.adaptive_window) {
-                        // The level changed: the window restarts at the newest interval.
-                        return (
-                            Series {
-                                last: new,
-                                bases: Bases::one(Base::of(&old.last)),
-                                level,
-                            },
-                            false,
-                        );
+                        // The level changed: the window restarts at the newest interval
+                        // (too young to be pushed again below).
+                        bases = Bases::one(Base::of(&old.last));
                     }
                 }
                 let spaced = bases.newest().is_none_or(|b| {
@@ -355,12 +349,11 @@ impl Limits {
             Some(p) if self.fresh(p.timestamp, now) => {
                 bases.slide(new.timestamp, self.qualify);
                 // Intervals are no longer what the level saw: it starts again.
-                let level = Level::default();
                 (
                     Series {
                         last: new,
                         bases,
-                        level,
+                        level: Level::default(),
                     },
                     false,
                 )

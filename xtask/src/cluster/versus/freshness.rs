@@ -65,6 +65,11 @@ const BURNER: &str = "trap 'exit 0' TERM; while :; do if [ -e /v/on ]; then i=0;
 const STEADY: &str = "trap 'exit 0' TERM; dd if=/dev/zero of=/v/fill bs=1M count=48 2>/dev/null; while :; do i=0; while [ $i -lt 5000 ]; do i=$((i+1)); done; done";
 /// A light spinner (new pods).
 const LIGHT: &str = "trap 'exit 0' TERM; while :; do i=0; while [ $i -lt 2000 ]; do i=$((i+1)); done; sleep 0.05; done";
+/// [`LIGHT`] after 5 s idle, and ready from then on (see [`READY_FILE_PROBE`]): a pod that
+/// gets its work once it is Ready, as one behind a Service does.
+const LIGHT_WHEN_READY: &str = "trap 'exit 0' TERM; sleep 5; : > /tmp/ready; while :; do i=0; while [ $i -lt 2000 ]; do i=$((i+1)); done; sleep 0.05; done";
+/// The readiness probe of [`LIGHT_WHEN_READY`]'s pods.
+const READY_FILE_PROBE: &str = r#"{"exec":{"command":["/bin/sh","-c","[ -e /tmp/ready ]"]},"periodSeconds":1,"failureThreshold":1}"#;
 
 /// The CPU a source last served for `pod` (all containers), if any.
 fn served_cpu(o: &Observation, pod: &str) -> Option<f64> {
@@ -180,7 +185,12 @@ pub fn run(
         "## Freshness: load steps 0 → {BURNER_LIMIT} CPU (the burner's limit) → 0, {steps} each way\n\n\
          Time from the kernel's counter changing slope to the first answer (both APIs polled \
          every {} ms, as the HPA's identity) serving ≥ 90 % of the new rate, or ≤ 10 % of it \
-         after the drop. New pods: containerd's `startedAt` to the first answer listing the pod.\n",
+         after the drop. New pods: containerd's `startedAt` to the first answer listing the pod; \
+         \"counted by the HPA\": the pod's Ready transition to the first answer whose point the \
+         HPA would use in the pod's first 5 minutes, for pods busy from their start and pods \
+         that idle until they are Ready (`timestamp` ≥ Ready's \
+         `lastTransitionTime` + `window`; before that it takes the pod's CPU as 0 when scaling \
+         up and leaves the pod out when scaling down).\n",
         POLL.as_millis()
     );
     let _ = writeln!(
@@ -245,30 +255,51 @@ pub fn run(
             );
         }
     }
-    for source in Source::ALL {
-        let obs = seen.of(source);
-        let mut times: Vec<f64> = fresh
-            .iter()
-            .filter_map(|(pod, started)| {
-                obs.iter()
-                    .find(|o| {
-                        o.points
-                            .as_ref()
-                            .is_ok_and(|p| p.iter().any(|p| &p.pod == pod))
-                    })
-                    .map(|o| (o.at - started) as f64 / 1e9)
-            })
-            .collect();
-        let missed = fresh.len() - times.len();
-        let _ = writeln!(
-            out,
-            "| new pod ({} pods) | {} | {:.2} s | {:.2} s | {:.2} s | {missed} |",
-            fresh.len(),
-            source.name(),
-            percentile(&mut times, 0.5),
-            percentile(&mut times, 0.95),
-            percentile(&mut times, 1.0),
-        );
+    for (row, counted, kind) in [
+        ("new pod", false, None),
+        (
+            "new pod counted by the HPA, busy from its start",
+            true,
+            Some(false),
+        ),
+        (
+            "new pod counted by the HPA, busy once Ready",
+            true,
+            Some(true),
+        ),
+    ] {
+        for source in Source::ALL {
+            let obs = seen.of(source);
+            let pods: Vec<&Fresh> = fresh
+                .iter()
+                .filter(|f| kind.is_none_or(|k| k == f.busy_when_ready))
+                .collect();
+            let mut times: Vec<f64> = pods
+                .iter()
+                .filter_map(|f| {
+                    let from = if counted { f.ready } else { f.started };
+                    obs.iter()
+                        .find(|o| {
+                            o.points.as_ref().is_ok_and(|p| {
+                                p.iter().any(|p| {
+                                    p.pod == f.name && (!counted || hpa_counts(p, f.ready))
+                                })
+                            })
+                        })
+                        .map(|o| (o.at - from) as f64 / 1e9)
+                })
+                .collect();
+            let missed = pods.len() - times.len();
+            let _ = writeln!(
+                out,
+                "| {row} ({} pods) | {} | {:.2} s | {:.2} s | {:.2} s | {missed} |",
+                pods.len(),
+                source.name(),
+                percentile(&mut times, 0.5),
+                percentile(&mut times, 0.95),
+                percentile(&mut times, 1.0),
+            );
+        }
     }
     for dir in [true, false] {
         let get = |s| {
@@ -482,15 +513,49 @@ fn accuracy(obs: &[Observation], pod: &str, series: &Series) -> Accuracy {
     a
 }
 
-/// Creates `n` pods a few seconds apart and waits until both APIs list each (or
-/// [`MAX_WAIT`]); returns each pod's container start (unix ns).
-fn new_pod_starts(bench: &Bench, poller: &Poller, n: usize) -> Result<Vec<(String, i128)>> {
+/// A new pod of the freshness part.
+struct Fresh {
+    name: String,
+    /// Busy only once Ready ([`LIGHT_WHEN_READY`]), else from its start ([`LIGHT`]).
+    busy_when_ready: bool,
+    /// Its container's start, from containerd (unix ns).
+    started: i128,
+    /// Its Ready condition's `lastTransitionTime` (unix ns, whole seconds).
+    ready: i128,
+}
+
+/// Whether the HPA uses `p`'s CPU for a pod that became Ready at `ready` (unix ns) and is in
+/// its CPU initialisation period (`--horizontal-pod-autoscaler-cpu-initialization-period`,
+/// 5 min): the replica calculator ignores the point while `timestamp` is before Ready's
+/// transition + `window`.
+fn hpa_counts(p: &PodPoint, ready: i128) -> bool {
+    i128::from(p.timestamp) * SEC
+        >= ready + i128::try_from(p.window.as_nanos()).unwrap_or(i128::MAX)
+}
+
+/// Creates `n` pods of each kind ([`LIGHT`], [`LIGHT_WHEN_READY`]), alternately, a few
+/// seconds apart, and waits until both APIs serve each a point the
+/// HPA would count ([`hpa_counts`]), at most [`MAX_WAIT`] in all.
+fn new_pod_starts(bench: &Bench, poller: &Poller, n: usize) -> Result<Vec<Fresh>> {
     let mut names = Vec::new();
-    for k in 0..n {
+    for k in 0..2 * n {
         thread::sleep(Duration::from_secs(2) + jitter(CYCLE));
+        let when_ready = k % 2 == 1;
         let name = format!("fresh-{k}");
-        bench.apply(&name, &pod(&name, "100m", "16Mi", LIGHT, ""))?;
-        names.push(name);
+        // 50m: ten of them fit beside the rest on a 2-CPU node.
+        let mut manifest: serde_json::Value = serde_json::from_str(&pod(
+            &name,
+            "50m",
+            "16Mi",
+            if when_ready { LIGHT_WHEN_READY } else { LIGHT },
+            "",
+        ))?;
+        if when_ready {
+            manifest["spec"]["containers"][0]["readinessProbe"] =
+                serde_json::from_str(READY_FILE_PROBE)?;
+        }
+        bench.apply(&name, &manifest.to_string())?;
+        names.push((name, when_ready));
     }
     bench.wait_ready(
         NAMESPACE,
@@ -498,7 +563,7 @@ fn new_pod_starts(bench: &Bench, poller: &Poller, n: usize) -> Result<Vec<(Strin
         Duration::from_secs(120),
     )?;
     let mut out = Vec::new();
-    for name in &names {
+    for (name, busy_when_ready) in &names {
         let v = bench.json(&["get", "pod", "-n", NAMESPACE, name])?;
         let id = v["status"]["containerStatuses"][0]["containerID"]
             .as_str()
@@ -511,10 +576,37 @@ fn new_pod_starts(bench: &Bench, poller: &Poller, n: usize) -> Result<Vec<(Strin
             })
             .map(|t| t.unix_timestamp_nanos())
             .with_context(|| format!("{name}: no startedAt from containerd"))?;
-        out.push((name.clone(), started));
+        let ready = v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Ready" && c["status"] == "True")
+            .and_then(|c| c["lastTransitionTime"].as_str())
+            .and_then(|s| {
+                time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()
+            })
+            .map(|t| t.unix_timestamp_nanos())
+            .with_context(|| format!("{name}: no Ready transition"))?;
+        out.push(Fresh {
+            name: name.clone(),
+            busy_when_ready: *busy_when_ready,
+            started,
+            ready,
+        });
     }
-    for name in &names {
-        wait_served(poller, name, |_| true);
+    let t = Instant::now();
+    for f in &out {
+        while t.elapsed() < MAX_WAIT
+            && !Source::ALL.iter().all(|s| {
+                poller.seen.latest(*s).is_some_and(|o| {
+                    o.points
+                        .as_ref()
+                        .is_ok_and(|p| p.iter().any(|p| p.pod == f.name && hpa_counts(p, f.ready)))
+                })
+            })
+        {
+            thread::sleep(POLL);
+        }
     }
     Ok(out)
 }
@@ -585,5 +677,23 @@ mod tests {
         assert!((rate - 0.99).abs() < 0.02, "{rate}");
         let (down, _) = step_time(&s, &obs, &step, false).expect("test input");
         assert!((down - 1.0).abs() < 0.011, "{down}");
+    }
+
+    /// The HPA's initialisation rule: a point counts once its window starts at or after
+    /// the Ready transition.
+    #[test]
+    fn a_new_pod_counts_once_its_window_starts_after_ready() {
+        let point = |timestamp: i64, window: u64| PodPoint {
+            pod: "p".into(),
+            timestamp,
+            window: Duration::from_secs(window),
+            containers: Vec::new(),
+        };
+        let ready = 100 * SEC;
+        assert!(!hpa_counts(&point(100, 1), ready));
+        assert!(hpa_counts(&point(101, 1), ready));
+        assert!(!hpa_counts(&point(144, 45), ready));
+        assert!(hpa_counts(&point(145, 45), ready));
+        assert!(hpa_counts(&point(160, 15), ready));
     }
 }

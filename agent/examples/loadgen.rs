@@ -281,6 +281,7 @@ impl Node {
             namespace: Sim::namespace(p),
             name: uid.clone(),
             labels: [("app".to_owned(), Sim::app(p))].into(),
+            ready_since: None,
         }));
         let rates = (0..pods)
             .map(|p| (0..containers).map(|c| Sim::rate(p, c)).collect())

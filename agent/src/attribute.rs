@@ -12,6 +12,8 @@
 //!   ([`cgroup_path::classify`]; static pods by their `kubernetes.io/config.mirror`
 //!   annotation) and to a container by the container id in its path, matched against
 //!   `status.containerStatuses`, `initContainerStatuses` and `ephemeralContainerStatuses`.
+//!   A Ready pod's metadata also carries when it became Ready (`ready_since`, the Ready
+//!   condition's `lastTransitionTime`), for the server's adaptive window.
 //! - **standalone** ([`Attributor::from_file`]): `--pods-file`, a JSON description mapping
 //!   cgroup paths (relative to the cgroup mount, as the collector reports them) to pods and
 //!   containers, re-read when it changes:
@@ -49,7 +51,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kpulse_wire::{
     stream::{PodCounters, PodMeta},
-    ContainerSample, Signals,
+    ContainerSample, Signals, UnixNanos,
 };
 use serde::Deserialize;
 use tokio::sync::watch;
@@ -435,6 +437,7 @@ impl PodIndex {
                 namespace: pod.namespace,
                 name: pod.name,
                 labels: pod.labels,
+                ready_since: None,
             });
         }
         index.pods = Arc::new(PodSet::new(metas));
@@ -675,7 +678,27 @@ fn pod_meta(pod: &Pod) -> Option<PodMeta> {
         namespace: m.namespace.clone().filter(|s| !s.is_empty())?,
         name: m.name.clone().filter(|s| !s.is_empty())?,
         labels: m.labels.clone().unwrap_or_default(),
+        ready_since: ready_since(pod),
     })
+}
+
+/// When the pod last became Ready, while its Ready condition is `True`: that condition's
+/// `lastTransitionTime` (the server starts an adaptive window no earlier, so that the HPA,
+/// which ignores a new pod's CPU while `timestamp < lastTransitionTime + window`, can use it
+/// from then on). `None` when not Ready, or the time is missing or before 1970.
+fn ready_since(pod: &Pod) -> Option<UnixNanos> {
+    let ready = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    if ready.status != "True" {
+        return None;
+    }
+    let t = ready.last_transition_time.as_ref()?.0;
+    u64::try_from(t.as_nanosecond()).ok().map(UnixNanos)
 }
 
 /// The running containers of a pod (app, init and ephemeral): name and id.
@@ -710,7 +733,15 @@ fn strip(pod: &mut Pod) {
     }
     pod.spec = None;
     if let Some(s) = pod.status.as_mut() {
-        s.conditions = None;
+        // Only Ready's status and transition are read ([`ready_since`]).
+        if let Some(conditions) = s.conditions.as_mut() {
+            conditions.retain(|c| c.type_ == "Ready");
+            for c in conditions {
+                c.message = None;
+                c.reason = None;
+                c.last_probe_time = None;
+            }
+        }
         s.pod_ips = None;
         s.host_ips = None;
         s.resource_claim_statuses = None;
@@ -981,7 +1012,8 @@ async fn watch_pods(client: kube::Client, node_name: String, tx: watch::Sender<A
 mod tests {
     use k8s_openapi::{
         api::core::v1::{
-            ContainerState, ContainerStateRunning, ContainerStateTerminated, PodStatus,
+            ContainerState, ContainerStateRunning, ContainerStateTerminated, PodCondition,
+            PodStatus,
         },
         apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
     };
@@ -1411,6 +1443,58 @@ mod tests {
         let ch = PodSet::default().changes_since(after.pods());
         assert_eq!(ch.removed.len(), 2);
         assert!(ch.upserts.is_empty());
+    }
+
+    /// While the pod is Ready, its Ready transition goes with its metadata (so a change of
+    /// readiness is an upsert), and stripping the watched object keeps it.
+    #[test]
+    fn a_ready_pods_transition_is_in_its_metadata() {
+        let at = |s: i64| Time(k8s_openapi::jiff::Timestamp::from_second(s).expect("time"));
+        let condition = |type_: &str, status: &str, s: i64| PodCondition {
+            type_: type_.into(),
+            status: status.into(),
+            last_transition_time: Some(at(s)),
+            message: Some("long text".into()),
+            ..PodCondition::default()
+        };
+        let with = |conditions: Vec<PodCondition>| {
+            let mut p = pod(U1, "web", PodStatus::default());
+            if let Some(s) = p.status.as_mut() {
+                s.conditions = Some(conditions);
+            }
+            p
+        };
+        let ready = with(vec![
+            condition("PodScheduled", "True", 1_700_000_000),
+            condition("Ready", "True", 1_700_000_005),
+        ]);
+        let mut stripped = ready.clone();
+        strip(&mut stripped);
+        for p in [&ready, &stripped] {
+            let meta = pod_meta(p).expect("a pod");
+            assert_eq!(meta.ready_since, Some(UnixNanos(1_700_000_005_000_000_000)));
+        }
+        let conditions = stripped.status.and_then(|s| s.conditions).expect("kept");
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(conditions[0].message, None);
+        // Not Ready, no Ready condition, no time: none.
+        for p in [
+            with(vec![condition("Ready", "False", 1_700_000_009)]),
+            with(vec![condition("PodScheduled", "True", 1_700_000_000)]),
+            with(vec![PodCondition {
+                last_transition_time: None,
+                ..condition("Ready", "True", 0)
+            }]),
+            pod(U1, "web", PodStatus::default()),
+        ] {
+            assert_eq!(pod_meta(&p).expect("a pod").ready_since, None);
+        }
+        // Becoming Ready is a change of the pod's metadata.
+        let before = PodIndex::from_pods([&with(vec![condition("Ready", "False", 1)])]);
+        let after = PodIndex::from_pods([&ready]);
+        let ch = after.pods().changes_since(before.pods());
+        assert_eq!(ch.upserts.len(), 1);
+        assert_eq!(ch.upserts[0].ready_since, ready_since(&ready));
     }
 
     #[test]

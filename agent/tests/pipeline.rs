@@ -239,6 +239,14 @@ impl Replica {
             &ingest_port.to_string(),
             "--metric-expiry",
             &format!("{}s", EXPIRY.as_secs()),
+            // One-second windows, not the adaptive default (up to 45 s): each served rate
+            // is checked against the busy loop's clock over its window, and a young pod's
+            // adaptive window reaches back to its start, before the clock's first sample.
+            // The adaptive mode is the store's unit tests' and the cluster's.
+            "--metric-window-mode",
+            "fixed",
+            "--metric-window",
+            "1s",
             "--authentication-skip-lookup",
         ]
         .iter()
@@ -805,6 +813,7 @@ fn sim_pods(node: &str) -> Vec<(PodMeta, Vec<(&'static str, u64)>)> {
                 namespace: SIM_NS.into(),
                 name,
                 labels: [("app".to_string(), pod.to_string())].into(),
+                ready_since: None,
             },
             containers,
         )

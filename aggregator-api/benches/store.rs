@@ -91,6 +91,7 @@ fn node_batch(n: usize, tick: u64) -> NodeBatch {
                 name,
                 containers,
                 signals: None,
+                ready_since: None,
             }
         })
         .collect();

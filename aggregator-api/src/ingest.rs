@@ -1113,6 +1113,7 @@ mod tests {
             namespace: "demo".into(),
             name: name.into(),
             labels: BTreeMap::new(),
+            ready_since: None,
         }
     }
 

@@ -445,6 +445,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            ready_since: None,
         }
     }
 

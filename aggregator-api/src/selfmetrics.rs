@@ -981,6 +981,7 @@ mod tests {
                     })
                     .collect(),
                 signals: None,
+                ready_since: None,
             }],
         }
     }

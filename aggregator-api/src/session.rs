@@ -292,6 +292,7 @@ impl Session {
                             name: meta.name.clone(),
                             containers: c.containers,
                             signals: c.signals,
+                            ready_since: meta.ready_since,
                         });
                     }
                 }
@@ -583,6 +584,7 @@ mod tests {
             namespace: "ns".into(),
             name: name.into(),
             labels: BTreeMap::from([("app".into(), name.into())]),
+            ready_since: None,
         }
     }
 

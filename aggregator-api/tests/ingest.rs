@@ -281,6 +281,7 @@ fn pod(uid: &str, name: &str) -> PodMeta {
         namespace: "demo".into(),
         name: name.into(),
         labels: [("app".to_string(), name.to_string())].into(),
+        ready_since: None,
     }
 }
 

@@ -153,6 +153,9 @@ pub struct PodSample {
     /// unless the agent runs with `--custom-metrics`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signals: Option<Signals>,
+    /// When the pod last became Ready, while it is ([`stream::PodMeta::ready_since`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_since: Option<UnixNanos>,
 }
 
 /// One container's counters at one instant.
@@ -356,6 +359,7 @@ mod tests {
                     signals: None,
                 }],
                 signals: None,
+                ready_since: None,
             }],
         }
     }

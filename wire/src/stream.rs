@@ -32,7 +32,8 @@
 //! and throttling over the agent's window, [`crate::Signals`]) to [`crate::ContainerSample`]
 //! and [`PodCounters`] (sent by agents run with `--custom-metrics` only), in a compact array
 //! form (see [`crate::Signals`]; the object form of the first 1.2 builds, never released,
-//! is refused).
+//! is refused); 1.3 adds `ready_since` (when the pod last became Ready) to [`PodMeta`] and
+//! [`crate::PodSample`] (sent by agents that watch their pods, i.e. not from a pods file).
 //!
 //! # Framing
 //!
@@ -56,7 +57,7 @@ pub const STREAM_PATH: &str = "/kpulse.wire/v1/stream";
 pub const VERSION_HEADER: &str = "kpulse-wire-version";
 
 /// The protocol version this crate speaks.
-pub const VERSION: Version = Version { major: 1, minor: 2 };
+pub const VERSION: Version = Version { major: 1, minor: 3 };
 
 /// The largest frame either end accepts: a node with 1,000 pods of 4 containers, with
 /// labels, is about 1 MiB of JSON.
@@ -153,6 +154,11 @@ pub struct PodMeta {
     /// `metadata.labels`.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// While the pod is Ready: its Ready condition's `lastTransitionTime` (whole seconds,
+    /// as the API has it), i.e. when it last became Ready (protocol 1.3). Absent while it
+    /// is not Ready, or when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_since: Option<UnixNanos>,
 }
 
 /// One pod's counters in a tick.
@@ -395,6 +401,7 @@ mod tests {
                     namespace: "ns".into(),
                     name: "web".into(),
                     labels: BTreeMap::new(),
+                    ready_since: Some(UnixNanos(5_000_000_000)),
                 }],
                 counters: vec![PodCounters {
                     uid: "u1".into(),
@@ -527,8 +534,24 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_ignored_for_minor_additions() {
-        let json = r#"{"hello":{"version":{"major":1,"minor":3},"node_name":"n","future":true}}"#;
+        let json = r#"{"hello":{"version":{"major":1,"minor":4},"node_name":"n","future":true}}"#;
         let m: AgentMessage = serde_json::from_str(json).expect("decode");
         assert!(matches!(m, AgentMessage::Hello(h) if h.node_name == "n" && h.agent.is_empty()));
+    }
+
+    /// A 1.2 agent's pod has no `ready_since`; a 1.3 one sends it only while the pod is
+    /// Ready.
+    #[test]
+    fn ready_since_is_optional() {
+        let old: PodMeta =
+            serde_json::from_str(r#"{"uid":"u","namespace":"n","name":"p"}"#).expect("1.2");
+        assert_eq!(old.ready_since, None);
+        let json = serde_json::to_string(&old).expect("encode");
+        assert!(!json.contains("ready_since"), "{json}");
+        let new: PodMeta = serde_json::from_str(
+            r#"{"uid":"u","namespace":"n","name":"p","ready_since":1700000005000000000}"#,
+        )
+        .expect("1.3");
+        assert_eq!(new.ready_since, Some(UnixNanos(1_700_000_005_000_000_000)));
     }
 }

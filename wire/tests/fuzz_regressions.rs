@@ -47,6 +47,7 @@ fn write_seeds() {
         namespace: "default".into(),
         name: name.into(),
         labels: BTreeMap::from([("app".into(), name.into()), ("tier".into(), "é\"\\".into())]),
+        ready_since: None,
     };
     let counters = vec![PodCounters {
         uid: "5f8c0f2a-1b2c-4d3e-9f00-0123456789ab".into(),

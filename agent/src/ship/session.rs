@@ -845,6 +845,7 @@ mod drop_tests {
             namespace: "ns".into(),
             name: uid.into(),
             labels: BTreeMap::from([("v".into(), v.into())]),
+            ready_since: None,
         }
     }
 

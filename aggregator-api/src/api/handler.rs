@@ -487,6 +487,7 @@ mod tests {
                 signals: None,
             }],
             signals: None,
+            ready_since: None,
         };
         NodeBatch {
             node_name: "n1".into(),

@@ -206,6 +206,7 @@ mod tests {
                     signals: None,
                 }],
                 signals: None,
+                ready_since: None,
             }],
         }
     }

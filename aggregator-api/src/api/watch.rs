@@ -772,6 +772,7 @@ mod tests {
                         signals: None,
                     }],
                     signals: None,
+                    ready_since: None,
                 })
                 .collect(),
         }

@@ -75,7 +75,12 @@
 //! on the same side (`series::Level`), the kept points older than the newest interval
 //! are dropped, so the window restarts at one interval and grows back to `W`. A steady or
 //! noisy series is served over `W`; a step, over the time since it, about two intervals
-//! after it. The window stated is, as always, exactly the span of the rate.
+//! after it. The window also restarts once when a point lies a second past the pod's Ready
+//! transition ([`kpulse_wire::PodSample::ready_since`], sent by agents that watch their
+//! pods) while the window reaches back before it: the HPA ignores a pod's CPU in its first
+//! minutes while `timestamp < readyTransition + window`, so a new pod would otherwise count
+//! only a whole window after it became Ready. The window stated is, as always, exactly the
+//! span of the rate.
 //!
 //! # Expiry
 //!
@@ -908,6 +913,7 @@ mod tests {
             name: name.into(),
             containers,
             signals: None,
+            ready_since: None,
         }
     }
 
@@ -1801,6 +1807,68 @@ mod tests {
             served[82],
             Some((Duration::from_secs(1), NanoCores(750 * MS)))
         );
+    }
+
+    /// A pod busy from its start, Ready 5 s later: the adaptive window restarts once a point
+    /// lies a second past the (whole-second) Ready transition, so that from then on every
+    /// point passes the HPA's initialisation rule (`timestamp`, in whole seconds, at least
+    /// the transition + `window`); once, not at every batch that repeats it. A fixed window
+    /// ignores readiness.
+    #[test]
+    fn an_adaptive_window_starts_after_the_pods_ready_transition() {
+        let ready = T0 + 5 * S;
+        let run = |mode: WindowMode| {
+            let (s, clock) = store_with(StoreConfig {
+                window: Duration::from_secs(45),
+                window_mode: mode,
+                ..StoreConfig::new(Duration::from_secs(10))
+            });
+            (0..=80u64)
+                .map(|i| {
+                    // Read 0.3 s into each second, 50 mCPU all along.
+                    let t = T0 + 300 * MS + i * S;
+                    let mut p = pod(
+                        "p",
+                        vec![started(c(t, (300 + i * 1000) * 50 * MS / 1000), T0)],
+                    );
+                    // Not Ready before second 6 (the API shows the transition then).
+                    p.ready_since = (i >= 6).then_some(UnixNanos(ready));
+                    feed(&s, &clock, "n1", t, vec![p]);
+                    get(&s, "p").expect("served")
+                })
+                .collect::<Vec<_>>()
+        };
+        let counted = |p: &PodMetricsPoint| {
+            p.timestamp.0 / S * S >= ready + u64::try_from(p.window.as_nanos()).expect("small")
+        };
+        let adaptive = run(WindowMode::Adaptive);
+        for (i, p) in adaptive.iter().enumerate() {
+            assert_eq!(cpu_of(p, "c"), NanoCores(50 * MS), "point {i}");
+            if i <= 6 {
+                // From the container's start, before Ready.
+                assert_eq!(
+                    p.window,
+                    Duration::from_millis(300 + i as u64 * 1000),
+                    "point {i}"
+                );
+                assert!(!counted(p), "point {i}");
+            } else {
+                // Restarted at point 6 (6.3 s, the first a second past Ready), then growing.
+                assert!(counted(p), "point {i}: {p:?}");
+                if i <= 48 {
+                    assert_eq!(p.window, Duration::from_secs(i as u64 - 6), "point {i}");
+                }
+            }
+        }
+        // Grown back to the whole window, not restarted by the repeated transition.
+        assert!(adaptive[80].window >= Duration::from_secs(45) * 15 / 16);
+        for (i, p) in run(WindowMode::Fixed).iter().enumerate().take(46) {
+            assert_eq!(
+                p.window,
+                Duration::from_millis(300 + i as u64 * 1000),
+                "point {i}"
+            );
+        }
     }
 
     #[test]

@@ -170,6 +170,12 @@ const LEVEL_MIN_SD: f64 = 0.005;
 const LEVEL_MIN_RELATIVE_SD: f64 = 0.05;
 /// Intervals the mean and spread must hold before a change is looked for.
 const LEVEL_MIN_INTERVALS: u8 = 3;
+/// An adaptive window of a Ready pod starts at least this long after the pod's Ready
+/// transition as the API states it. The HPA ignores a pod's CPU in its initialisation period
+/// while `timestamp < readyTransition + window`; both times are whole seconds there, so a
+/// window starting one second after the stated transition is always used, and the first one
+/// the series has is served about one agent interval after that.
+pub(super) const READY_SLACK_NANOS: u64 = 1_000_000_000;
 
 /// An adaptive window's view of a series' CPU since its level last changed: the mean and
 /// variance of its intervals' rates (in cores; each interval weighs `1/n` while fewer
@@ -293,12 +299,16 @@ impl Limits {
         }
     }
 
-    /// The series after `new` arrives; true when `new` starts a new instance.
+    /// The series after `new` arrives; true when `new` starts a new instance. `ready_since`
+    /// is when the series' pod last became Ready (whole seconds), if it is Ready and the
+    /// agent said so: an adaptive window then never starts before it (see
+    /// [`READY_SLACK_NANOS`]).
     pub(super) fn advance(
         &self,
         old: Option<&Series>,
         new: Point,
         now: UnixNanos,
+        ready_since: Option<UnixNanos>,
     ) -> (Series, bool) {
         let Some(old) = old else {
             return (self.first(new), false);
@@ -317,9 +327,15 @@ impl Limits {
                 if self.adaptive_window > 0 {
                     let dt = new.timestamp.0 - old.last.timestamp.0;
                     let cores = (new.cpu.0 - old.last.cpu.0) as f64 / dt as f64;
-                    if level.observe(cores, dt, self.adaptive_window) {
-                        // The level changed: the window restarts at the newest interval
-                        // (too young to be pushed again below).
+                    let from_ready = ready_since.map(|r| r.0.saturating_add(READY_SLACK_NANOS));
+                    let before_ready = from_ready.is_some_and(|from| {
+                        old.last.timestamp.0 >= from
+                            && bases.oldest().is_some_and(|b| b.timestamp.0 < from)
+                    });
+                    if level.observe(cores, dt, self.adaptive_window) || before_ready {
+                        // The level changed, or the window reaches back before the pod became
+                        // Ready: it restarts at the newest interval (too young to be pushed
+                        // again below).
                         bases = Bases::one(Base::of(&old.last));
                     }
                 }

@@ -81,7 +81,7 @@ pub(super) fn next_state(
 ) -> (NodeState, IngestSummary, Vec<PodKey>, Vec<PodKey>) {
     let mut summary = IngestSummary::default();
     let (node, node_restarted) =
-        limits.advance(old.node.as_ref(), Point::of_node(&batch.node), now);
+        limits.advance(old.node.as_ref(), Point::of_node(&batch.node), now, None);
     summary.restarts += usize::from(node_restarted);
 
     let mut pods: HashMap<PodKey, PodState> = HashMap::with_capacity(batch.pods.len());
@@ -120,6 +120,7 @@ pub(super) fn next_state(
             0
         });
         let timestamp = pod.containers.iter().map(|c| c.timestamp).min();
+        let ready_since = pod.ready_since;
         for sample in pod.containers {
             if containers.iter().any(|c| *c.name == *sample.name) {
                 summary.duplicates += 1;
@@ -131,6 +132,7 @@ pub(super) fn next_state(
                 old_container.map(|c| &c.series),
                 Point::of_container(&sample),
                 now,
+                ready_since,
             );
             summary.restarts += usize::from(restarted || (old_pod.is_some() && same_pod.is_none()));
             if with_signals {

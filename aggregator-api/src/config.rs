@@ -129,18 +129,19 @@ pub struct Config {
     pub metric_expiry: std::time::Duration,
     /// The window CPU rates are served over: from the newest point the agent sent at
     /// least this long ago to its latest, refreshed with every point (so still every
-    /// agent interval). `0s`: one agent interval. See docs/design/aggregator.md,
-    /// "The served window", for the measured trade-off.
-    #[arg(long, env = "KPULSE_METRIC_WINDOW", default_value = "1s", value_parser = duration)]
+    /// agent interval); with `--metric-window-mode=adaptive` (the default), the longest
+    /// such window. `0s` (fixed mode only): one agent interval. See
+    /// docs/design/aggregator.md, "The served window", for the measured trade-off.
+    #[arg(long, env = "KPULSE_METRIC_WINDOW", default_value = "45s", value_parser = duration)]
     pub metric_window: std::time::Duration,
-    /// `fixed`: every rate is over `--metric-window`. `adaptive`: `--metric-window` is the
-    /// longest window; after a change of CPU level (two intervals in a row far outside the
-    /// window's spread) a series is served over the time since the change, which grows
-    /// back to the whole window. The served `window` always says which.
+    /// `adaptive`: `--metric-window` is the longest window; after a change of CPU level (two
+    /// intervals in a row far outside the window's spread) a series is served over the time
+    /// since the change, which grows back to the whole window. `fixed`: every rate is over
+    /// `--metric-window`. The served `window` always says which.
     #[arg(
         long,
         env = "KPULSE_METRIC_WINDOW_MODE",
-        default_value = "fixed",
+        default_value = "adaptive",
         value_enum
     )]
     pub metric_window_mode: crate::store::WindowMode,
@@ -350,7 +351,11 @@ impl Config {
         if self.metric_window_mode == crate::store::WindowMode::Adaptive
             && self.metric_window.is_zero()
         {
-            errs.push("--metric-window-mode=adaptive needs a positive --metric-window".into());
+            errs.push(
+                "--metric-window-mode=adaptive (the default) needs a positive --metric-window; \
+                 --metric-window-mode=fixed serves one agent interval with 0s"
+                    .into(),
+            );
         }
         if self.metric_window > MAX_METRIC_WINDOW {
             errs.push(format!(
@@ -426,8 +431,8 @@ mod tests {
 
     #[test]
     fn the_served_window_is_bounded() {
-        assert_eq!(parse(&[]).metric_window, std::time::Duration::from_secs(1));
-        parse(&["--metric-window", "0s"])
+        assert_eq!(parse(&[]).metric_window, std::time::Duration::from_secs(45));
+        parse(&["--metric-window", "0s", "--metric-window-mode", "fixed"])
             .validate()
             .expect("one interval");
         parse(&["--metric-window", "5m"])
@@ -444,15 +449,18 @@ mod tests {
     #[test]
     fn an_adaptive_window_needs_a_longest_window() {
         use crate::store::WindowMode;
-        assert_eq!(parse(&[]).metric_window_mode, WindowMode::Fixed);
-        let c = parse(&["--metric-window-mode", "adaptive", "--metric-window", "45s"]);
-        c.validate().expect("adaptive, up to 45 s");
-        assert_eq!(c.metric_window_mode, WindowMode::Adaptive);
-        let e = parse(&["--metric-window-mode", "adaptive", "--metric-window", "0s"])
+        let default = parse(&[]);
+        default.validate().expect("the defaults");
+        assert_eq!(default.metric_window_mode, WindowMode::Adaptive);
+        let c = parse(&["--metric-window-mode", "fixed", "--metric-window", "1s"]);
+        c.validate().expect("fixed, 1 s");
+        assert_eq!(c.metric_window_mode, WindowMode::Fixed);
+        let e = parse(&["--metric-window", "0s"])
             .validate()
             .expect_err("nothing to adapt")
             .to_string();
         assert!(e.contains("needs a positive --metric-window"), "{e}");
+        assert!(e.contains("--metric-window-mode=fixed"), "{e}");
         assert!(Config::try_parse_from(["x", "--metric-window-mode", "sliding"]).is_err());
     }
 

@@ -12,6 +12,7 @@
 //! - the HPA: a Deployment of CPU burners with CPU requests and an `autoscaling/v2` HPA on
 //!   CPU utilisation; load on → the HPA scales up, load off → it scales down, timed from the
 //!   HPA's own status and shown by its events;
+//! - the served window as installed: adaptive, up to 45 s ([`served_window`]);
 //! - `kubectl rollout restart` of the aggregator-api and then of the agent DaemonSet while a
 //!   reader runs `kubectl top pod -A` and lists PodMetrics every 100 ms: failed calls and
 //!   incomplete lists, counted per rollout (none allowed during the aggregator-api's);
@@ -125,11 +126,16 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>, with_faults: bool)
         "the cluster's kubectl reads the metrics.k8s.io version of its release",
         kubectl_version_read,
     );
-    let last: [(&str, Check); 4] = [
+    let last: [(&str, Check); 5] = [
         ("a Deployment's pods appear and disappear", pod_lifecycle),
         (
             "an autoscaling/v2 HPA on CPU scales up and down on kpulse's metrics",
             hpa,
+        ),
+        // After the HPA, before anything restarts the aggregator-api: its series are old.
+        (
+            "the default served window: adaptive, up to 45 s",
+            served_window,
         ),
         ("rollout restarts under a reader every 100 ms", rollouts),
         // Last: it installs the custom-metrics overlay, which restarts both workloads.
@@ -834,6 +840,56 @@ fn kubectl_version_read(ctx: &Ctx<'_>) -> Result<String> {
         "`kubectl top pod -A` read PodMetrics lists in {read:?}, want {want} only"
     );
     Ok(format!("`kubectl top pod -A` read metrics.k8s.io/{want}"))
+}
+
+/// The served window as installed (the aggregator-api's defaults, `--metric-window=45s
+/// --metric-window-mode=adaptive`), read by the HPA's version: no pod's window is longer
+/// than the longest the store serves with 45 s (45 s + a quarter + one agent interval), and
+/// the pods older than that are served over whole windows (at least 15/16 of 45 s) unless
+/// their CPU level changed since: some are (a fixed 1 s window would give none).
+fn served_window(ctx: &Ctx<'_>) -> Result<String> {
+    const LONGEST: f64 = 45.0 + 45.0 / 4.0 + 1.0;
+    const WHOLE: f64 = 45.0 * 15.0 / 16.0;
+    let raw = crate::exec::output(ctx.kubectl().args([
+        "get",
+        "--raw",
+        "/apis/metrics.k8s.io/v1beta1/pods",
+    ]))?;
+    let v: Value = serde_json::from_str(&raw).context("PodMetricsList is not JSON")?;
+    let windows: Vec<(String, f64)> = v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|i| {
+            let name = format!(
+                "{}/{}",
+                i["metadata"]["namespace"].as_str().unwrap_or("?"),
+                i["metadata"]["name"].as_str().unwrap_or("?")
+            );
+            let w = i["window"]
+                .as_str()
+                .and_then(super::versus::api::go_duration)
+                .with_context(|| format!("{name}: window {}", i["window"]))?;
+            Ok((name, w.as_secs_f64()))
+        })
+        .collect::<Result<_>>()?;
+    ensure!(!windows.is_empty(), "no PodMetrics served");
+    if let Some((name, w)) = windows.iter().find(|(_, w)| *w > LONGEST) {
+        bail!("{name} served over {w:.3} s, longer than {LONGEST} s");
+    }
+    let whole = windows.iter().filter(|(_, w)| *w >= WHOLE).count();
+    ensure!(
+        whole > 0,
+        "no pod served over a whole 45 s window (at least {WHOLE} s): {windows:?}"
+    );
+    let mut ws: Vec<f64> = windows.iter().map(|(_, w)| *w).collect();
+    ws.sort_by(f64::total_cmp);
+    Ok(format!(
+        "{} pods, windows {:.2}–{:.2} s, {whole} over a whole window (≥ {WHOLE:.2} s)",
+        ws.len(),
+        ws[0],
+        ws[ws.len() - 1],
+    ))
 }
 
 const HPA_NS: &str = "kpulse-hpa";

@@ -426,7 +426,9 @@ impl Feeder {
             let mut first = true;
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
                 let now = nanos();
-                let t = now - start;
+                // CPU since `started_at`, when the counters were zero, so that a rate over
+                // any window (a young series' whole life, with the adaptive window) is exact.
+                let t = now - (start - 1_000_000_000);
                 let counters: Vec<Value> = (0..pods)
                     .map(|i| {
                         json!({"uid": format!("u-{i}"), "containers": [{"name": "app",

@@ -238,7 +238,9 @@ fn hello(node: &str) -> AgentMessage {
 /// Counters of the test's pods at `now`: `web` (app at 300m, sidecar at 200m) and, until
 /// removed, `cache` (idle, 200 MiB).
 fn tick(start: u64, now: u64, cache: bool) -> (NodeSample, Vec<PodCounters>) {
-    let t = now - start;
+    // CPU since the containers' `started_at`, when their counters were zero: a rate over any
+    // window, the whole life included (the adaptive window's, while it is young), is exact.
+    let t = now - (start - 1_000_000_000);
     let container = |name: &str, cpu: u64, mem: u64| ContainerSample {
         name: name.into(),
         timestamp: UnixNanos(now),

@@ -292,7 +292,9 @@ impl Feeder {
                     .duration_since(std::time::UNIX_EPOCH)
                     .expect("clock")
                     .as_nanos() as u64;
-                let t = now - start;
+                // CPU since `started_at`, when the counters were zero, so that a rate over
+                // any window (a young series' whole life, with the adaptive window) is exact.
+                let t = now - (start - 1_000_000_000);
                 let container = |name: &str, cpu: u64, mem: u64| {
                     serde_json::json!({"name": name, "timestamp": now, "cpu": cpu,
                         "memory_working_set": mem, "started_at": start - 1_000_000_000})

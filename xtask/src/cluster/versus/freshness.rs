@@ -279,13 +279,7 @@ pub fn run(
                 .filter_map(|f| {
                     let from = if counted { f.ready } else { f.started };
                     obs.iter()
-                        .find(|o| {
-                            o.points.as_ref().is_ok_and(|p| {
-                                p.iter().any(|p| {
-                                    p.pod == f.name && (!counted || hpa_counts(p, f.ready))
-                                })
-                            })
-                        })
+                        .find(|o| f.served_in(o, counted))
                         .map(|o| (o.at - from) as f64 / 1e9)
                 })
                 .collect();
@@ -524,6 +518,16 @@ struct Fresh {
     ready: i128,
 }
 
+impl Fresh {
+    /// Whether answer `o` has a point of this pod (one the HPA would count, if `counted`).
+    fn served_in(&self, o: &Observation, counted: bool) -> bool {
+        o.points.as_ref().is_ok_and(|p| {
+            p.iter()
+                .any(|p| p.pod == self.name && (!counted || hpa_counts(p, self.ready)))
+        })
+    }
+}
+
 /// Whether the HPA uses `p`'s CPU for a pod that became Ready at `ready` (unix ns) and is in
 /// its CPU initialisation period (`--horizontal-pod-autoscaler-cpu-initialization-period`,
 /// 5 min): the replica calculator ignores the point while `timestamp` is before Ready's
@@ -598,11 +602,10 @@ fn new_pod_starts(bench: &Bench, poller: &Poller, n: usize) -> Result<Vec<Fresh>
     for f in &out {
         while t.elapsed() < MAX_WAIT
             && !Source::ALL.iter().all(|s| {
-                poller.seen.latest(*s).is_some_and(|o| {
-                    o.points
-                        .as_ref()
-                        .is_ok_and(|p| p.iter().any(|p| p.pod == f.name && hpa_counts(p, f.ready)))
-                })
+                poller
+                    .seen
+                    .latest(*s)
+                    .is_some_and(|o| f.served_in(&o, true))
             })
         {
             thread::sleep(POLL);

@@ -56,7 +56,8 @@ pub fn flat_key(text: &str, key: &str) -> Option<u64> {
     })
 }
 
-fn need_key(path: &Path, text: &str, key: &str) -> Result<u64, FsError> {
+/// The value of `key` in a flat-keyed file's text, or a parse error naming `path`.
+pub fn need_key(path: &Path, text: &str, key: &str) -> Result<u64, FsError> {
     flat_key(text, key).ok_or_else(|| FsError::Parse {
         path: path.to_path_buf(),
         reason: format!("no `{key}`"),
@@ -64,7 +65,11 @@ fn need_key(path: &Path, text: &str, key: &str) -> Result<u64, FsError> {
 }
 
 fn single_u64(path: &Path) -> Result<u64, FsError> {
-    let text = read(path)?;
+    parse_single_u64(path, &read(path)?)
+}
+
+/// The number that is the whole text of a one-value file (`cpuacct.usage`), read from `path`.
+pub fn parse_single_u64(path: &Path, text: &str) -> Result<u64, FsError> {
     text.trim().parse().map_err(|_| FsError::Parse {
         path: path.to_path_buf(),
         reason: format!("not a number: {:?}", text.trim()),
@@ -320,7 +325,7 @@ fn meminfo_bytes(text: &str, key: &str) -> Result<Bytes, FsError> {
 /// The node's memory figures from `/proc/meminfo`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemInfo {
-    /// `MemTotal - MemFree`: kubelet's node memory usage.
+    /// `MemTotal - MemFree`: the node working set's fallback where no memory controller is.
     pub used: Bytes,
     /// `SwapTotal - SwapFree`; `None` when `SwapTotal` is 0 (no swap on the node).
     pub swap: Option<Bytes>,

@@ -164,62 +164,116 @@ pub fn select(
     }
 }
 
-/// The node-wide files both collectors read every tick, kept open ([`KeptFile`]): node
-/// CPU from the root cgroup's `cpu.stat` (the kernel computes it from per-CPU `kcpustat`,
-/// which no cgroup walk sees), memory as `MemTotal - MemFree - inactive_file(root)`, swap
-/// from `/proc/meminfo`.
+/// The node-wide files both collectors read every tick, kept open ([`KeptFile`]), giving
+/// the node's figures the way the kubelet (cAdvisor's root container) computes them on each
+/// layout, so that `kubectl top node` agrees with metrics-server:
+///
+/// | | pure cgroup v2 | hybrid / v1 |
+/// |---|---|---|
+/// | CPU | root `cpu.stat` `usage_usec` | root `cpuacct.usage` |
+/// | memory usage | root `memory.stat` `anon + file` | root `memory.usage_in_bytes` |
+/// | working set | usage − root `inactive_file` | usage − root `total_inactive_file` |
+///
+/// The v2 root has no `memory.current`; runc, which the kubelet uses to read it, takes
+/// `anon + file` of its `memory.stat`. Where the hierarchy has no memory controller the
+/// working set falls back to `MemTotal − MemFree − Inactive(file)` of `/proc/meminfo`.
+/// Swap is `SwapTotal − SwapFree` of `/proc/meminfo` on every layout.
 #[derive(Debug)]
 struct NodeFiles {
-    cpu_stat: KeptFile,
+    cpu: NodeCpu,
+    memory: NodeMemory,
     meminfo: KeptFile,
-    /// The memory hierarchy root's `memory.stat`, when the walk did not give the root's
-    /// `inactive_file`.
-    memory_stat: KeptFile,
-    inactive_key: &'static str,
     /// Read buffer, kept between ticks.
     text: String,
 }
 
+/// Where the node's CPU time comes from (see [`NodeFiles`]).
+#[derive(Debug)]
+enum NodeCpu {
+    /// v2 root `cpu.stat`: the kernel sums every CPU's `kcpustat`.
+    CpuStat(KeptFile),
+    /// v1 root `cpuacct.usage`: the root cpuacct group's per-CPU charge, which is what the
+    /// kubelet reads on a v1 or hybrid node (it also counts what v2's root `cpu.stat`
+    /// leaves out, such as steal time).
+    Cpuacct(KeptFile),
+}
+
+/// Where the node's working set comes from (see [`NodeFiles`]).
+#[derive(Debug)]
+enum NodeMemory {
+    /// v2 root `memory.stat`.
+    V2 { stat: KeptFile },
+    /// v1 root `memory.usage_in_bytes` and `memory.stat`.
+    V1 { usage: KeptFile, stat: KeptFile },
+}
+
 impl NodeFiles {
     fn new(layout: &Layout) -> NodeFiles {
-        let (memory_stat, inactive_key) = match layout {
-            Layout::Unified { mount } => (mount.join("memory.stat"), "inactive_file"),
-            Layout::Hybrid { memory, .. } => (memory.join("memory.stat"), "total_inactive_file"),
+        let (cpu, memory) = match layout {
+            Layout::Unified { mount } => (
+                NodeCpu::CpuStat(KeptFile::new(mount.join("cpu.stat"))),
+                NodeMemory::V2 {
+                    stat: KeptFile::new(mount.join("memory.stat")),
+                },
+            ),
+            Layout::Hybrid {
+                cpuacct, memory, ..
+            } => (
+                NodeCpu::Cpuacct(KeptFile::new(cpuacct.join("cpuacct.usage"))),
+                NodeMemory::V1 {
+                    usage: KeptFile::new(memory.join("memory.usage_in_bytes")),
+                    stat: KeptFile::new(memory.join("memory.stat")),
+                },
+            ),
         };
         NodeFiles {
-            cpu_stat: KeptFile::new(layout.cpu_mount().join("cpu.stat")),
+            cpu,
+            memory,
             meminfo: KeptFile::new(cgroupfs::MEMINFO.into()),
-            memory_stat: KeptFile::new(memory_stat),
-            inactive_key,
             text: String::new(),
         }
     }
 
-    fn read(&mut self, root_inactive: Option<Bytes>) -> Result<NodeSample, FsError> {
-        self.cpu_stat.read_all(&mut self.text)?;
-        let cpu = cgroupfs::parse_cpu_stat_usage(self.cpu_stat.path(), &self.text)?;
-        self.meminfo.read_all(&mut self.text)?;
-        let mem = cgroupfs::parse_meminfo(&self.text)?;
-        let inactive = match root_inactive {
-            Some(b) => b,
-            None => match self.memory_stat.read_all(&mut self.text) {
-                Ok(()) => cgroupfs::flat_key(&self.text, self.inactive_key)
-                    .map(Bytes)
-                    .ok_or_else(|| FsError::Parse {
-                        path: self.memory_stat.path().to_path_buf(),
-                        reason: format!("no `{}`", self.inactive_key),
-                    })?,
-                // No memory controller on the root (a unified mount without it).
+    fn read(&mut self) -> Result<NodeSample, FsError> {
+        let text = &mut self.text;
+        let cpu = match &mut self.cpu {
+            NodeCpu::CpuStat(f) => {
+                f.read_all(text)?;
+                cgroupfs::parse_cpu_stat_usage(f.path(), text)?
+            }
+            NodeCpu::Cpuacct(f) => {
+                f.read_all(text)?;
+                CpuNanos(cgroupfs::parse_single_u64(f.path(), text)?)
+            }
+        };
+        self.meminfo.read_all(text)?;
+        let mem = cgroupfs::parse_meminfo(text)?;
+        let working_set = match &mut self.memory {
+            NodeMemory::V2 { stat } => match stat.read_all(text) {
+                Ok(()) => {
+                    let key = |k| cgroupfs::need_key(stat.path(), text, k);
+                    let usage = key("anon")?.saturating_add(key("file")?);
+                    Bytes(usage.saturating_sub(key("inactive_file")?))
+                }
+                // No memory controller in the hierarchy.
                 Err(e) if e.is_not_found() => {
-                    self.meminfo.read_all(&mut self.text)?;
-                    cgroupfs::parse_meminfo_inactive_file(&self.text)?
+                    self.meminfo.read_all(text)?;
+                    let inactive = cgroupfs::parse_meminfo_inactive_file(text)?;
+                    Bytes(mem.used.0.saturating_sub(inactive.0))
                 }
                 Err(e) => return Err(e),
             },
+            NodeMemory::V1 { usage, stat } => {
+                usage.read_all(text)?;
+                let used = cgroupfs::parse_single_u64(usage.path(), text)?;
+                stat.read_all(text)?;
+                let inactive = cgroupfs::need_key(stat.path(), text, "total_inactive_file")?;
+                Bytes(used.saturating_sub(inactive))
+            }
         };
         Ok(NodeSample {
             cpu,
-            memory_working_set: Bytes(mem.used.0.saturating_sub(inactive.0)),
+            memory_working_set: working_set,
             swap: mem.swap,
         })
     }
@@ -251,7 +305,7 @@ impl Collector for CgroupfsCollector {
         let s = &self.scope;
         let timestamp = sample::now();
         // First, to know whether to read swap files at all (only where the node has swap).
-        let node = self.node.read(None)?;
+        let node = self.node.read()?;
         let swap = node.swap.is_some();
         let mut out: Vec<CgroupSample> = Vec::new();
         let (cpu_dirs, mut dropped) = cgroupfs::walk(s.layout.cpu_mount(), &s.root, s.max_cgroups)?;
@@ -1045,7 +1099,6 @@ impl EbpfCollector {
         let mut dropped = stats.dropped;
         let cpu_mount = self.scope.layout.cpu_mount().to_path_buf();
         let mut out: Vec<CgroupSample> = Vec::with_capacity(records.len().min(max));
-        let mut root_inactive = None;
         let hybrid = self.mem_link.is_some();
         let cpu_paths = self.cpu_paths.resolve(&records, &root_rel, &cpu_mount);
         dropped += (records.len() - cpu_paths.len()) as u64;
@@ -1059,9 +1112,6 @@ impl EbpfCollector {
                 Some(CpuNanos(r.cpu_usage_ns))
             };
             let memory = if hybrid || hierarchy_root {
-                if hierarchy_root && !hybrid {
-                    root_inactive = self.memory_of(r).map(|m| m.inactive_file);
-                }
                 None
             } else {
                 self.memory_of(r)
@@ -1117,7 +1167,6 @@ impl EbpfCollector {
             let mut partners = Vec::with_capacity(mem_paths.len());
             for (j, (path, r)) in mem_paths.into_iter().enumerate() {
                 if &*path == "/" {
-                    root_inactive = self.memory_of(r).map(|m| m.inactive_file);
                     partners.push(u32::MAX);
                     continue;
                 }
@@ -1191,7 +1240,7 @@ impl EbpfCollector {
         if self.flush_files_stale(&self.records) {
             self.refresh_flush_files()?;
         }
-        let node = self.node.read(root_inactive)?;
+        let node = self.node.read()?;
         if let Some(root) = out.iter_mut().find(|c| &*c.path == "/") {
             root.cpu = Some(node.cpu);
         }
@@ -1406,6 +1455,68 @@ mod tests {
             }),
             name: n,
         }
+    }
+
+    /// The node's figures are the kubelet's on each layout: v2 root `cpu.stat` and
+    /// `anon + file - inactive_file`; v1 root `cpuacct.usage` and `usage_in_bytes -
+    /// total_inactive_file`; `/proc/meminfo` only where no memory controller is there.
+    #[test]
+    fn node_figures_are_the_kubelets() {
+        let dir = std::env::temp_dir().join(format!("kpulse-nodefiles-{}", std::process::id()));
+        let (v2, v2_bare, cpuacct, memory) = (
+            dir.join("v2"),
+            dir.join("v2-bare"),
+            dir.join("cpuacct"),
+            dir.join("memory"),
+        );
+        for d in [&v2, &v2_bare, &cpuacct, &memory] {
+            std::fs::create_dir_all(d).expect("test files");
+        }
+        let write = |p: std::path::PathBuf, t: &str| std::fs::write(p, t).expect("test files");
+        write(v2.join("cpu.stat"), "usage_usec 5000\nuser_usec 3000\n");
+        write(
+            v2.join("memory.stat"),
+            "anon 1000\nfile 700\nkernel 900000\ninactive_file 300\n",
+        );
+        write(v2_bare.join("cpu.stat"), "usage_usec 7\n");
+        write(cpuacct.join("cpuacct.usage"), "123456789\n");
+        write(memory.join("memory.usage_in_bytes"), "10000\n");
+        write(
+            memory.join("memory.stat"),
+            "inactive_file 1\ntotal_inactive_file 2500\n",
+        );
+
+        let mut unified = NodeFiles::new(&Layout::Unified { mount: v2.clone() });
+        let n = unified.read().expect("test files");
+        assert_eq!(n.cpu, CpuNanos(5_000_000));
+        // The kernel memory (not in anon or file) is not in the working set.
+        assert_eq!(n.memory_working_set, Bytes(1000 + 700 - 300));
+
+        let mut hybrid = NodeFiles::new(&Layout::Hybrid {
+            unified: v2_bare.clone(),
+            cpuacct: cpuacct.clone(),
+            memory: memory.clone(),
+            cpu: None,
+        });
+        let n = hybrid.read().expect("test files");
+        assert_eq!(n.cpu, CpuNanos(123_456_789));
+        assert_eq!(n.memory_working_set, Bytes(10_000 - 2500));
+
+        // No memory controller: /proc/meminfo's figures.
+        let mut bare = NodeFiles::new(&Layout::Unified {
+            mount: v2_bare.clone(),
+        });
+        let n = bare.read().expect("test files");
+        assert_eq!(n.cpu, CpuNanos(7000));
+        let text = std::fs::read_to_string(cgroupfs::MEMINFO).expect("test files");
+        let used = cgroupfs::parse_meminfo(&text).expect("test files").used.0;
+        assert!(n.memory_working_set.0 > 0 && n.memory_working_set.0 <= used);
+
+        // A root memory.stat without `file` is an error that names it, not a wrong figure.
+        write(v2.join("memory.stat"), "anon 1000\ninactive_file 300\n");
+        let err = unified.read().expect_err("no `file`").to_string();
+        assert!(err.contains("memory.stat") && err.contains("file"), "{err}");
+        std::fs::remove_dir_all(&dir).expect("test files");
     }
 
     fn paths(c: &mut PathCache, recs: &[CgroupRecord], root: &str) -> Vec<String> {

@@ -122,10 +122,10 @@ pub struct CgroupSample {
 /// Node totals, as kubelet reports them for the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct NodeSample {
-    /// Cumulative CPU time of the whole node (the root cgroup's `usage_usec`: user, nice,
-    /// system, irq, softirq and steal time of all CPUs).
+    /// Cumulative CPU time of the whole node as the kubelet reads it: the root cgroup's
+    /// usage (v2 `cpu.stat` `usage_usec`, v1 `cpuacct.usage`).
     pub cpu: CpuNanos,
-    /// Working set of the whole node: `MemTotal - MemFree - inactive_file(root)`, floored at 0.
+    /// Working set of the whole node as the kubelet computes it (see `kpulse_wire::NodeSample`).
     pub memory_working_set: Bytes,
     /// Swap in use on the node, `SwapTotal - SwapFree` of `/proc/meminfo`; `None` when the
     /// node has no swap (`SwapTotal` 0). The node "has swap" exactly when this is `Some`:

@@ -214,6 +214,46 @@ fn file_working_set(layout: &Layout, parent: &str, kid: &str) -> u64 {
     file_memory(layout, parent, kid).working_set.0
 }
 
+/// The node's CPU time as the kubelet reads it (ns): the root's `cpu.stat` on pure v2, the
+/// root's `cpuacct.usage` on a hybrid node.
+fn kubelet_node_cpu(layout: &Layout) -> u64 {
+    let read = |p: PathBuf| std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    match layout {
+        Layout::Unified { mount } => {
+            cgroupfs::flat_key(&read(mount.join("cpu.stat")), "usage_usec").expect("usage_usec")
+                * 1000
+        }
+        Layout::Hybrid { cpuacct, .. } => read(cpuacct.join("cpuacct.usage"))
+            .trim()
+            .parse()
+            .expect("cpuacct.usage"),
+    }
+}
+
+/// The node's working set as the kubelet computes it: on pure v2 `anon + file -
+/// inactive_file` of the root's `memory.stat` (runc's root usage), on a hybrid node the root
+/// memcg's `memory.usage_in_bytes - total_inactive_file`.
+fn kubelet_node_working_set(layout: &Layout) -> u64 {
+    let read = |p: PathBuf| std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    let key = |t: &str, k: &str| cgroupfs::flat_key(t, k).unwrap_or_else(|| panic!("no {k}"));
+    match layout {
+        Layout::Unified { mount } => {
+            let stat = read(mount.join("memory.stat"));
+            (key(&stat, "anon") + key(&stat, "file")).saturating_sub(key(&stat, "inactive_file"))
+        }
+        Layout::Hybrid { memory, .. } => {
+            let usage: u64 = read(memory.join("memory.usage_in_bytes"))
+                .trim()
+                .parse()
+                .expect("usage_in_bytes");
+            usage.saturating_sub(key(
+                &read(memory.join("memory.stat")),
+                "total_inactive_file",
+            ))
+        }
+    }
+}
+
 /// Swap area the swap check adds when the node has none.
 const SWAP_AREA_MIB: u64 = 128;
 /// The swap cgroup's memory limit, and what its process touches: the rest goes to swap.
@@ -750,14 +790,54 @@ fn run() -> usize {
         // a collection (a busy host; a VM's vCPU descheduled) widens the bracket instead of
         // being counted as the collector's error.
         let truth0_before: Vec<u64> = pids.iter().map(|(_, p)| schedstat_ns(*p)).collect();
+        let node0_before = kubelet_node_cpu(&layout);
         let s0 = collector.collect().expect("collect");
+        let node0_after = kubelet_node_cpu(&layout);
         let truth0_after: Vec<u64> = pids.iter().map(|(_, p)| schedstat_ns(*p)).collect();
         let t0 = Instant::now();
         std::thread::sleep(WINDOW.saturating_sub(t0.elapsed()));
         let truth1_before: Vec<u64> = pids.iter().map(|(_, p)| schedstat_ns(*p)).collect();
+        let node1_before = kubelet_node_cpu(&layout);
         let s1 = collector.collect().expect("collect");
+        let node1_after = kubelet_node_cpu(&layout);
+        let node_ws_file = kubelet_node_working_set(&layout);
         let truth1_after: Vec<u64> = pids.iter().map(|(_, p)| schedstat_ns(*p)).collect();
         let ws_file = file_working_set(&layout, &parent, "mem");
+
+        // The node's figures are the kubelet's (what metrics-server serves for the node).
+        let got = s1.node.cpu.0.saturating_sub(s0.node.cpu.0) as f64;
+        let (low, high) = (
+            node1_before.saturating_sub(node0_after) as f64,
+            node1_after.saturating_sub(node0_before) as f64,
+        );
+        let err = if got < low {
+            (low - got) / low
+        } else if got > high {
+            (got - high) / high
+        } else {
+            0.0
+        };
+        println!(
+            "accuracy: {source:8} node cpu: collector {got:.0} ns, kubelet's file {low:.0} … {high:.0} ns, error {:.3} % outside that",
+            err * 100.0
+        );
+        checks += 1;
+        if err > 0.02 {
+            failures.push(format!("{source} node cpu: error {:.3} %", err * 100.0));
+        }
+        let node_ws = s1.node.memory_working_set.0;
+        let err = rel_err(node_ws as f64, node_ws_file as f64);
+        println!(
+            "accuracy: {source:8} node working set: collector {node_ws} B, kubelet's files {node_ws_file} B, error {:.3} %",
+            err * 100.0
+        );
+        checks += 1;
+        if err > 0.02 {
+            failures.push(format!(
+                "{source} node working set: error {:.3} %",
+                err * 100.0
+            ));
+        }
         for (i, (kid, _)) in pids.iter().enumerate() {
             if *kid == "mem" {
                 continue;

@@ -124,9 +124,12 @@ pub struct NodeSample {
     /// means the node rebooted.
     #[serde(default)]
     pub started_at: Option<UnixNanos>,
-    /// Cumulative CPU time of the whole node since boot (the root cgroup's usage).
+    /// Cumulative CPU time of the whole node since boot, as the kubelet reads it: the root
+    /// cgroup's usage (v2 `cpu.stat`, v1 `cpuacct.usage`).
     pub cpu: CpuNanos,
-    /// Working set of the whole node: `MemTotal - MemFree - inactive_file(root)`, floored at 0.
+    /// Working set of the whole node, as the kubelet computes it: the root memory cgroup's
+    /// usage less its inactive file pages (v2: `anon + file - inactive_file` of
+    /// `memory.stat`; v1: `memory.usage_in_bytes - total_inactive_file`), floored at 0.
     pub memory_working_set: Bytes,
     /// Swap in use on the node (`SwapTotal - SwapFree`), sent only when the node has swap:
     /// absent means "no swap on this node", and then no container of the batch carries

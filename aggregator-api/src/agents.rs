@@ -24,8 +24,13 @@ impl AgentPods {
     }
 }
 
-/// The node a pod is Ready on: `spec.nodeName` when the pod's `Ready` condition is `True`.
+/// The node a pod is Ready on: `spec.nodeName` when the pod's `Ready` condition is `True`
+/// and it is not being deleted (a pod being deleted is about to stop streaming; its node
+/// falls back to the kubelet at once rather than when its data expires).
 pub fn ready_node(pod: &Pod) -> Option<String> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
     let ready = pod
         .status
         .as_ref()

@@ -124,6 +124,53 @@ pub struct Config {
     /// Paths served without authorization (health endpoints).
     #[arg(long, value_delimiter = ',', default_value = "/healthz,/readyz,/livez")]
     pub authorization_always_allow_paths: Vec<String>,
+    /// Serve nodes without an agent streaming their data (no agent pod there, one that is
+    /// not Ready, or one silent for longer than --metric-expiry), and pods an agent leaves
+    /// out, from the kubelet's /metrics/resource, as metrics-server does. Needs the
+    /// Kubernetes API and `get` on `nodes/metrics` (see src/kubelet/mod.rs).
+    #[arg(
+        long,
+        env = "KPULSE_KUBELET_FALLBACK",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub kubelet_fallback: bool,
+    /// How often a node served from its kubelet is scraped (metrics-server's flag and
+    /// default; at least 10s). Agents' data does not depend on it.
+    #[arg(long, env = "KPULSE_METRIC_RESOLUTION", default_value = "15s", value_parser = duration)]
+    pub metric_resolution: std::time::Duration,
+    /// The port of the kubelets' HTTPS endpoint, where the Node's status gives none or
+    /// --kubelet-use-node-status-port is false.
+    #[arg(long, default_value_t = 10250)]
+    pub kubelet_port: u16,
+    /// Use the port the Node's status reports (`daemonEndpoints.kubeletEndpoint.Port`).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub kubelet_use_node_status_port: bool,
+    /// The address types to reach kubelets by, most preferred first (metrics-server's
+    /// default order).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "Hostname,InternalDNS,InternalIP,ExternalDNS,ExternalIP"
+    )]
+    pub kubelet_preferred_address_types: Vec<String>,
+    /// Do not verify the kubelets' serving certificates (testing only).
+    #[arg(long, default_value_t = false)]
+    pub kubelet_insecure_tls: bool,
+    /// The CA that signs the kubelets' serving certificates; by default the Kubernetes
+    /// API's CA (the in-cluster or --kubeconfig one), as metrics-server.
+    #[arg(long)]
+    pub kubelet_certificate_authority: Option<PathBuf>,
+    /// A client certificate for the kubelets (PEM); by default the ServiceAccount's token
+    /// authenticates.
+    #[arg(long)]
+    pub kubelet_client_certificate: Option<PathBuf>,
+    /// The key of --kubelet-client-certificate (PEM).
+    #[arg(long)]
+    pub kubelet_client_key: Option<PathBuf>,
+    /// The whole scrape of one kubelet, connection to last byte.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub kubelet_request_timeout: std::time::Duration,
     /// Data older than this is never served (a disconnected node's metrics expire).
     #[arg(long, env = "KPULSE_METRIC_EXPIRY", default_value = "10s", value_parser = duration)]
     pub metric_expiry: std::time::Duration,
@@ -296,6 +343,9 @@ fn duration(s: &str) -> Result<std::time::Duration, String> {
 #[error("invalid flags: {}", .0.join("; "))]
 pub struct ConfigError(pub Vec<String>);
 
+/// metrics-server's lower bound on `--metric-resolution`.
+pub const MIN_METRIC_RESOLUTION: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Config {
     /// Checks every flag, reporting all problems at once.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -347,6 +397,34 @@ impl Config {
         }
         if self.metric_expiry.is_zero() {
             errs.push("--metric-expiry must be positive".into());
+        }
+        if self.kubelet_fallback {
+            if self.metric_resolution < MIN_METRIC_RESOLUTION {
+                errs.push(format!(
+                    "--metric-resolution must be at least {MIN_METRIC_RESOLUTION:?}, as \
+                     metrics-server's"
+                ));
+            }
+            if self.kubelet_request_timeout.is_zero()
+                || self.kubelet_request_timeout > self.metric_resolution
+            {
+                errs.push(
+                    "--kubelet-request-timeout must be positive and at most --metric-resolution"
+                        .into(),
+                );
+            }
+            if self.kubelet_client_certificate.is_some() != self.kubelet_client_key.is_some() {
+                errs.push(
+                    "--kubelet-client-certificate and --kubelet-client-key go together".into(),
+                );
+            }
+            if self
+                .kubelet_preferred_address_types
+                .iter()
+                .all(|t| t.trim().is_empty())
+            {
+                errs.push("--kubelet-preferred-address-types must name a type".into());
+            }
         }
         if self.metric_window_mode == crate::store::WindowMode::Adaptive
             && self.metric_window.is_zero()

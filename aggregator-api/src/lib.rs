@@ -45,8 +45,11 @@
 //! `metadata.rs`.
 //!
 //! It is not a Kubernetes client beyond TokenReview, SubjectAccessReview, the
-//! authentication ConfigMap and a metadata-only watch of Nodes ([`nodes`]: which nodes
-//! exist, and their labels): which pods exist comes from the agents, not from a watch.
+//! authentication ConfigMap, a metadata-only watch of Nodes ([`nodes`]: which nodes
+//! exist, and their labels) and of the agent pods ([`agents`]): which pods exist comes from
+//! the agents, not from a watch. Where no agent streams a node's data, [`kubelet`] scrapes
+//! that node's kubelet as metrics-server does (with the Node's addresses and a
+//! metadata-only list of its pods) and [`sources`] serves it from there.
 
 pub mod agents;
 pub mod api;
@@ -61,12 +64,14 @@ pub mod go;
 pub mod health;
 pub mod ingest;
 pub mod json;
+pub mod kubelet;
 pub mod metadata;
 pub mod nodes;
 pub mod quantity;
 pub mod selfmetrics;
 pub mod serve;
 pub mod session;
+pub mod sources;
 pub mod status;
 pub mod store;
 pub mod tls;

@@ -74,7 +74,10 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {ingest_addr} (--ingest-port)"))?;
     tracing::info!(addr = %ingest_addr, "serving agents' streams");
-    let client = kube_client(&cfg).await?;
+    let (kube_config, client) = match kube_client(&cfg).await? {
+        Some((config, client)) => (Some(config), Some(client)),
+        None => (None, None),
+    };
     let security = security(&cfg, client.clone()).await?;
     let store = Arc::new(
         kpulse_aggregator_api::store::Store::new(kpulse_aggregator_api::store::StoreConfig {
@@ -112,7 +115,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let sessions = Sessions::new(store.clone(), metadata.clone(), ingest_metrics.clone());
     let agents = ingest::Ingest::new(
         sessions.clone(),
-        agent_identity(&cfg, client)?,
+        agent_identity(&cfg, client.clone())?,
         ingest::Settings::new(cfg.max_agent_streams, cfg.metric_expiry),
     );
     if let Some(path) = &cfg.feed_file {
@@ -129,9 +132,66 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         max_age,
     ));
     tokio::spawn(maintain(sessions, heartbeat.clone(), every));
+    // The kubelets, for nodes without an agent streaming (src/kubelet/mod.rs).
+    let kubelets = match &kube_config {
+        Some(kube_config) if cfg.kubelet_fallback => match kubelet_client(&cfg, kube_config) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "no kubelet fallback: nodes without an agent are not served"
+                );
+                None
+            }
+        },
+        _ => None,
+    };
+    let fallback = match (kubelets, &client, &expected) {
+        (Some(kubelet), Some(client), Some((nodes, agents))) => {
+            let fallback = kpulse_aggregator_api::kubelet::Fallback::new(
+                kpulse_aggregator_api::kubelet::Settings {
+                    resolution: cfg.metric_resolution,
+                    metric_expiry: cfg.metric_expiry,
+                },
+            )
+            .context("the kubelet fallback's store")?;
+            tokio::spawn(kpulse_aggregator_api::kubelet::run(
+                fallback.clone(),
+                kpulse_aggregator_api::kubelet::Inputs {
+                    api: client.clone(),
+                    kubelet,
+                    nodes: nodes.clone(),
+                    agents: agents.clone(),
+                    agent_store: store.clone(),
+                },
+            ));
+            tracing::info!(
+                resolution = ?cfg.metric_resolution,
+                "serving nodes without an agent from their kubelets"
+            );
+            Some(fallback)
+        }
+        _ => {
+            tracing::info!(
+                "no kubelet fallback (--kubelet-fallback=false, or no Kubernetes API): nodes \
+                 without an agent are not served"
+            );
+            None
+        }
+    };
+    let sources = kpulse_aggregator_api::sources::Sources::new(
+        (store.clone(), metadata.clone()),
+        fallback.as_ref().map(|f| {
+            (
+                f.store.clone() as Arc<dyn kpulse_aggregator_api::api::objects::MetricsReader>,
+                f.metadata.clone() as Arc<dyn kpulse_aggregator_api::metadata::MetadataSource>,
+            )
+        }),
+    );
     let ready_store = store.clone();
+    let ready_kubelets = fallback.as_ref().map(|f| f.store.clone());
     let storage_ready = health::FnCheck::arc("metric-storage-ready", move || {
-        if ready_store.ready() {
+        if ready_store.ready() || ready_kubelets.as_ref().is_some_and(|s| s.ready()) {
             Ok(())
         } else {
             Err("no metrics to serve".into())
@@ -153,13 +213,12 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let mut readyz: Vec<Arc<dyn health::Check>> =
         vec![health::ping(), shutdown_check, storage_ready];
     if let Some((nodes, agents)) = expected {
-        let served_store = store.clone();
+        let served = sources.clone();
         readyz.push(Arc::new(health::Completeness::new(
             nodes,
             agents,
             move |node| {
-                served_store
-                    .node_metrics(&[node])
+                kpulse_aggregator_api::api::objects::MetricsReader::node_metrics(&*served, &[node])
                     .first()
                     .is_some_and(Option::is_some)
             },
@@ -174,6 +233,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let agent_connections = serve::ConnectionStats::new();
     let metrics = Arc::new(
         selfmetrics::SelfMetrics::with_store(&store)
+            .with_fallback(fallback.as_ref().map(|f| f.stats.clone()))
             .with_watches(watches.clone())
             .with_ingest(&ingest_metrics)
             .with_connections(vec![
@@ -198,8 +258,8 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         },
         security,
         router: kpulse_aggregator_api::api::handler::ApiContext {
-            store,
-            metadata: metadata.clone(),
+            store: sources.clone(),
+            metadata: sources,
             discovery: Arc::new(discovery),
             watch: watches.clone(),
         },
@@ -312,6 +372,87 @@ fn agent_identity(cfg: &Config, client: Option<kube::Client>) -> anyhow::Result<
     })
 }
 
+/// The kubelets' client, from the `--kubelet-*` flags and, where they say nothing, the
+/// Kubernetes API's CA and ServiceAccount token (as metrics-server).
+fn kubelet_client(
+    cfg: &Config,
+    kube_config: &kube::Config,
+) -> anyhow::Result<kpulse_aggregator_api::kubelet::client::Client> {
+    use kpulse_aggregator_api::kubelet::client::{Client, Settings, Token};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let builder = if cfg.kubelet_insecure_tls {
+        tracing::warn!("--kubelet-insecure-tls: kubelets' certificates are not verified");
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(kpulse_process::tls::AnyServer::new(
+                provider,
+            )))
+    } else {
+        let mut roots = rustls::RootCertStore::empty();
+        match &cfg.kubelet_certificate_authority {
+            Some(path) => {
+                for cert in kpulse_process::pem::certificates(path)? {
+                    roots.add(cert)?;
+                }
+            }
+            None => {
+                let from_file = match &kube_config.root_cert_file {
+                    Some(path) => kpulse_process::pem::certificates(path)?,
+                    None => Vec::new(),
+                };
+                for cert in from_file {
+                    roots.add(cert)?;
+                }
+                for der in kube_config.root_cert.iter().flatten() {
+                    roots.add(rustls::pki_types::CertificateDer::from(der.clone()))?;
+                }
+            }
+        }
+        if roots.is_empty() {
+            anyhow::bail!(
+                "the kubelet fallback has no CA to verify kubelets with: pass \
+                 --kubelet-certificate-authority (or --kubelet-insecure-tls, or \
+                 --kubelet-fallback=false)"
+            );
+        }
+        builder.with_root_certificates(roots)
+    };
+    let config = match (&cfg.kubelet_client_certificate, &cfg.kubelet_client_key) {
+        (Some(cert), Some(key)) => builder.with_client_auth_cert(
+            kpulse_process::pem::certificates(cert)?,
+            kpulse_process::pem::private_key(key)?,
+        )?,
+        _ => builder.with_no_client_auth(),
+    };
+    let token = if cfg.kubelet_client_certificate.is_some() {
+        Token::None
+    } else if let Some(file) = &kube_config.auth_info.token_file {
+        Token::File(file.into())
+    } else if let Some(token) = &kube_config.auth_info.token {
+        use secrecy::ExposeSecret as _;
+        Token::Fixed(token.expose_secret().to_string())
+    } else {
+        Token::None
+    };
+    Ok(Client::new(
+        Arc::new(config),
+        token,
+        Settings {
+            address_types: cfg
+                .kubelet_preferred_address_types
+                .iter()
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+                .collect(),
+            port: cfg.kubelet_port,
+            use_node_status_port: cfg.kubelet_use_node_status_port,
+            timeout: cfg.kubelet_request_timeout,
+        },
+    ))
+}
+
 fn read_ca(flag: &str, path: &std::path::Path) -> anyhow::Result<CaBundle> {
     let pem = std::fs::read_to_string(path)
         .with_context(|| format!("reading {flag} {}", path.display()))?;
@@ -325,7 +466,7 @@ fn read_ca(flag: &str, path: &std::path::Path) -> anyhow::Result<CaBundle> {
 /// ConfigMap): from `--kubeconfig`, else the in-cluster configuration or `$KUBECONFIG`.
 /// `None` when nothing needs it ([`Config::kube_api_needed_for`]) and either tokens are off
 /// or no API is configured (then bearer tokens are not accepted, said once at INFO).
-async fn kube_client(cfg: &Config) -> anyhow::Result<Option<kube::Client>> {
+async fn kube_client(cfg: &Config) -> anyhow::Result<Option<(kube::Config, kube::Client)>> {
     let needs = cfg.kube_api_needed_for();
     if needs.is_empty() && !cfg.authentication_token_webhook {
         tracing::info!("no Kubernetes API used (--authentication-token-webhook=false)");
@@ -360,9 +501,9 @@ async fn kube_client(cfg: &Config) -> anyhow::Result<Option<kube::Client>> {
             }
         },
     };
-    kube::Client::try_from(kube_config)
-        .context("building the Kubernetes API client")
-        .map(Some)
+    let client = kube::Client::try_from(kube_config.clone())
+        .context("building the Kubernetes API client")?;
+    Ok(Some((kube_config, client)))
 }
 
 /// Authentication and authorization from the flags and the

@@ -59,6 +59,16 @@
 //! present from the start at 0), pod counters dropped because their uid was never
 //! announced, and sessions ended because a newer stream for the same node replaced them.
 //!
+//! # The kubelet fallback
+//!
+//! Read from [`crate::kubelet::Stats`] at each scrape: `kpulse_aggregator_node_source`
+//! (1 per node, label `source`: `agent` or `kubelet`: where that node's data is served
+//! from), `kpulse_aggregator_kubelet_nodes` (nodes served from their kubelets),
+//! `kpulse_aggregator_kubelet_scrapes_total` by `result` (`ok`, or why it failed),
+//! `kpulse_aggregator_kubelet_scrape_seconds_total` (time in scrapes) and
+//! `kpulse_aggregator_kubelet_pods_skipped_total` by `reason` (a container without both
+//! figures: `incomplete`; no such pod in the API: `no_pod_object`).
+//!
 //! # Access
 //!
 //! As metrics-server's, `/metrics` is not open: it is served after authentication and a
@@ -402,6 +412,16 @@ impl SelfMetrics {
         self
     }
 
+    /// Adds the kubelet fallback's metrics, read from `stats` at every scrape (nothing
+    /// without a fallback).
+    pub fn with_fallback(mut self, stats: Option<Arc<crate::kubelet::Stats>>) -> SelfMetrics {
+        if let Some(stats) = stats {
+            self.registry
+                .register_collector(Box::new(FallbackCollector { stats }));
+        }
+        self
+    }
+
     /// Adds the agent-stream metrics `ingest` updates.
     pub fn with_ingest(mut self, ingest: &IngestMetrics) -> SelfMetrics {
         ingest.register(&mut self.registry);
@@ -661,6 +681,85 @@ impl Collector for WatchCollector {
             dropped.metric_type(),
         )?;
         dropped.encode(metric)
+    }
+}
+
+/// The labels of `kpulse_aggregator_node_source`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct SourceLabels {
+    node: String,
+    source: &'static str,
+}
+
+/// The label of `kpulse_aggregator_kubelet_scrapes_total`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+/// The kubelet fallback's numbers at each scrape.
+#[derive(Debug)]
+struct FallbackCollector {
+    stats: Arc<crate::kubelet::Stats>,
+}
+
+impl Collector for FallbackCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
+        let sources = self.stats.sources();
+        let mut family = encoder.encode_descriptor(
+            "kpulse_aggregator_node_source",
+            "1 for each node, labelled with where its data is served from: its agent, or its \
+             kubelet (the fallback)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (node, source) in &sources {
+            let labels = SourceLabels {
+                node: node.clone(),
+                source: source.label(),
+            };
+            ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
+        }
+        gauge(
+            &mut encoder,
+            "kpulse_aggregator_kubelet_nodes",
+            "Nodes served from their kubelets",
+            None,
+            sources
+                .iter()
+                .filter(|(_, s)| *s == crate::kubelet::Source::Kubelet)
+                .count() as i64,
+        )?;
+        let mut scrapes = encoder.encode_descriptor(
+            "kpulse_aggregator_kubelet_scrapes",
+            "Scrapes of kubelets' /metrics/resource, by result",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (result, n) in self.stats.scrapes() {
+            prometheus_client::metrics::counter::ConstCounter::new(n)
+                .encode(scrapes.encode_family(&ResultLabel { result })?)?;
+        }
+        let seconds =
+            prometheus_client::metrics::counter::ConstCounter::new(self.stats.scrape_seconds());
+        let metric = encoder.encode_descriptor(
+            "kpulse_aggregator_kubelet_scrape_seconds",
+            "Time spent scraping kubelets",
+            None,
+            seconds.metric_type(),
+        )?;
+        seconds.encode(metric)?;
+        let mut skipped = encoder.encode_descriptor(
+            "kpulse_aggregator_kubelet_pods_skipped",
+            "Pods a kubelet reported that were not served, by reason",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (reason, n) in self.stats.pods_skipped() {
+            prometheus_client::metrics::counter::ConstCounter::new(n)
+                .encode(skipped.encode_family(&ReasonLabel { reason })?)?;
+        }
+        Ok(())
     }
 }
 

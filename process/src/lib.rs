@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 pub mod pem;
 pub mod shutdown;
+pub mod tls;
 
 /// Logs to stderr at the level `RUST_LOG` asks for (`info` by default), in colour only on
 /// a terminal (in a pod, `kubectl logs` would show the escape codes).

@@ -189,9 +189,9 @@ const CALLS: &[Call] = &[
         None,
         Why::Called("nodes.rs follow (watcher: watch)"),
     ),
-    // Pod metadata (names, labels, containers) for the objects served, replacing the
-    // agents' reports (aggregator-api/src/metadata.rs): a reflector of pods, and single
-    // gets; single gets of nodes.
+    // aggregator-api/src/kubelet/: for nodes without an agent streaming, the Node (its
+    // addresses and kubelet port), the node's pods' metadata (a list with the field
+    // selector spec.nodeName) and the kubelet's /metrics/resource (nodes/metrics).
     call(
         SERVER,
         "get",
@@ -199,16 +199,16 @@ const CALLS: &[Call] = &[
         "nodes",
         None,
         None,
-        Why::Planned("metadata.rs: node metadata"),
+        Why::Called("kubelet/mod.rs Scrape::target: the Node's addresses"),
     ),
     call(
         SERVER,
         "get",
         "",
-        "pods",
+        "nodes/metrics",
         None,
         None,
-        Why::Planned("metadata.rs: pod metadata"),
+        Why::Called("kubelet/client.rs Client::get: GET /metrics/resource"),
     ),
     call(
         SERVER,
@@ -217,7 +217,19 @@ const CALLS: &[Call] = &[
         "pods",
         None,
         None,
-        Why::Planned("metadata.rs: pod reflector"),
+        Why::Called("kubelet/mod.rs Scrape::scrape: list_metadata spec.nodeName"),
+    ),
+    // Pod metadata (names, labels, containers) for the objects served, replacing the
+    // agents' reports (aggregator-api/src/metadata.rs): a reflector of pods, and single
+    // gets.
+    call(
+        SERVER,
+        "get",
+        "",
+        "pods",
+        None,
+        None,
+        Why::Planned("metadata.rs: pod metadata"),
     ),
     call(
         SERVER,
@@ -1253,9 +1265,11 @@ fn check_rule_is_tame(role: &str, r: &PolicyRule) {
         );
     }
     assert!(r.non_resource_urls.is_none(), "{role}: nonResourceURLs");
+    // The one subresource: the kubelets' resource metrics (read-only, what metrics-server's
+    // ClusterRole grants), for the kubelet fallback.
     for res in r.resources.iter().flatten() {
         assert!(
-            !res.starts_with("secrets") && !res.contains('/'),
+            !res.starts_with("secrets") && (!res.contains('/') || res == "nodes/metrics"),
             "{role}: grants {res}"
         );
     }

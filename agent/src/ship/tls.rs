@@ -5,11 +5,10 @@ use std::{path::PathBuf, sync::Arc};
 
 use kpulse_process::pem::{self, PemError};
 
+use kpulse_process::tls::AnyServer;
 use rustls::{
-    client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
-    crypto::{ring, CryptoProvider},
-    pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime},
-    DigitallySignedStruct, SignatureScheme,
+    crypto::ring,
+    pki_types::{CertificateDer, PrivateKeyDer},
 };
 
 /// Errors building the client configuration.
@@ -86,7 +85,7 @@ pub fn client_config_from(
     let builder = match trust {
         Trust::AnyServer => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServer { provider })),
+            .with_custom_certificate_verifier(Arc::new(AnyServer::new(provider))),
         Trust::Roots(roots) => builder.with_root_certificates(roots),
     };
     let mut config = match client {
@@ -95,60 +94,6 @@ pub fn client_config_from(
     };
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
-}
-
-/// `--insecure-skip-tls-verify`: any certificate, but the handshake's signatures are still
-/// checked (so the peer holds the key of the certificate it sent).
-#[derive(Debug)]
-struct AnyServer {
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }
 
 #[cfg(test)]

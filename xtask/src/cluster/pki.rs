@@ -135,9 +135,11 @@ pub fn make(dir: &Path, names: &ApiserverNames<'_>, node: &str, server: &str) ->
         ExtendedKeyUsagePurpose::ClientAuth,
         now,
     )?;
+    // Not `kubelet`: that stem is the kubelet's client certificate (kubelet.kubeconfig,
+    // below), which would overwrite these files and be served instead.
     let kubelet = leaf(
         dir,
-        "kubelet",
+        "kubelet-serving",
         &ca_issuer,
         node,
         None,
@@ -350,6 +352,24 @@ mod tests {
                 .value
         );
         assert!(sans.contains("kubernetes.default.svc"), "{sans}");
+        // The file the kubelet serves is its serving certificate, for its node's address
+        // (not its client certificate, which once overwrote it).
+        let served = fs::read_to_string(&pki.kubelet.cert).expect("test setup");
+        let served = parse(&served);
+        let (_, served) = x509_parser::parse_x509_certificate(&served).expect("test setup");
+        assert_eq!(served.subject().to_string(), "CN=node-a");
+        let sans = format!(
+            "{:?}",
+            served
+                .subject_alternative_name()
+                .expect("test setup")
+                .expect("test setup")
+                .value
+        );
+        assert!(
+            sans.contains("10.244.0.1") || sans.contains("[10, 244, 0, 1]"),
+            "{sans}"
+        );
         let kubelet_cfg = fs::read_to_string(dir.join("kubelet.kubeconfig")).expect("test setup");
         assert!(
             kubelet_cfg.contains("name: system:node:node-a\n"),

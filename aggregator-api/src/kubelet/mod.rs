@@ -1,0 +1,464 @@
+//! The kubelet, where the agent is not: the fallback that keeps every node served.
+//!
+//! metrics-server scrapes every kubelet's `/metrics/resource`; kpulse's agents stream
+//! instead. A node with no agent streaming its data — no agent pod there (Windows, another
+//! architecture, a nodeSelector or taint that keeps the DaemonSet off it), an agent pod
+//! that is not Ready (crash-looping, being rolled out or deleted), or an agent silent for
+//! longer than `--metric-expiry` — is scraped here as metrics-server would scrape it, into
+//! a store of its own ([`Fallback::store`], the window metrics-server serves: the
+//! kubelet's last two points, `--metric-resolution` apart, with the kubelet's timestamps).
+//! [`crate::sources::Sources`] serves each node and pod from its agent's data when that
+//! is there, from here otherwise; once the agent streams again its data takes over, and
+//! what was scraped here lingers for two resolutions (so that pods the agent has no rate
+//! for yet stay served) and is then dropped.
+//!
+//! Scrapes: when a node enters the fallback, then [`FIRST_INTERVAL`] later (the second
+//! point gives the first rate), then every `--metric-resolution`. At most
+//! [`MAX_CONCURRENT`] at once, each within `--kubelet-request-timeout`; they run on their
+//! own tasks, so a slow kubelet delays nothing else. A kubelet that fails (refused, timed
+//! out, HTTP error, an answer over 8 MiB, text that does not parse) is logged at WARN and
+//! counted; that node keeps what it had until it expires, and nothing else is affected.
+//! Which pods exist, their uids and labels (for label selectors and the HPA) come from a
+//! metadata-only list of the node's pods (`fieldSelector=spec.nodeName=…`) made with each
+//! scrape.
+//!
+//! Operators see where each node's data comes from in `kpulse_aggregator_node_source`
+//! (label `source`: `agent` or `kubelet`), and one INFO line per switch.
+
+pub mod client;
+pub mod parse;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kpulse_wire::{ContainerSample, NodeBatch, NodeSample, PodSample, UnixNanos};
+use parking_lot::Mutex;
+
+use crate::{
+    agents::AgentPods,
+    metadata::StreamMetadata,
+    nodes::ClusterNodes,
+    store::{Store, StoreConfig, WindowMode},
+};
+
+/// The second scrape of a node that entered the fallback, after its first: metrics-server
+/// needs two points for a rate, and a node should not wait a whole resolution for it.
+pub const FIRST_INTERVAL: Duration = Duration::from_secs(10);
+/// Scrapes in flight at most.
+pub const MAX_CONCURRENT: usize = 128;
+/// How long a node's kubelet data stays after its agent's data is served again.
+pub const LINGER_RESOLUTIONS: u32 = 2;
+/// How often a node's address is looked up again (also after every failed scrape).
+const ADDRESS_MAX_AGE: Duration = Duration::from_secs(600);
+
+/// Each node's kubelet `host:port`, and when it was looked up.
+type Targets = Mutex<HashMap<String, (String, u16, Instant)>>;
+
+/// Why a node is served from its kubelet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// No Ready agent pod runs there.
+    NoReadyAgent,
+    /// Its agent is Ready but has not streamed for longer than `--metric-expiry`.
+    AgentSilent,
+}
+
+impl Why {
+    fn text(self) -> &'static str {
+        match self {
+            Why::NoReadyAgent => "no Ready agent pod on the node",
+            Why::AgentSilent => "its agent has sent nothing for longer than --metric-expiry",
+        }
+    }
+}
+
+/// Which source serves one node, for `kpulse_aggregator_node_source`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The node's agent.
+    Agent,
+    /// Its kubelet, through this fallback.
+    Kubelet,
+}
+
+impl Source {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Source::Agent => "agent",
+            Source::Kubelet => "kubelet",
+        }
+    }
+}
+
+/// What the fallback has done, for the server's own metrics.
+#[derive(Debug, Default)]
+pub struct Stats {
+    sources: Mutex<BTreeMap<String, Source>>,
+    scrapes: Mutex<BTreeMap<&'static str, u64>>,
+    pods_skipped: Mutex<BTreeMap<&'static str, u64>>,
+    scrape_seconds_sum: AtomicU64,
+}
+
+impl Stats {
+    /// Each node served, by where its data comes from.
+    pub fn sources(&self) -> Vec<(String, Source)> {
+        self.sources
+            .lock()
+            .iter()
+            .map(|(n, s)| (n.clone(), *s))
+            .collect()
+    }
+
+    /// Scrapes by result (`ok`, or the error's label).
+    pub fn scrapes(&self) -> Vec<(&'static str, u64)> {
+        self.scrapes.lock().iter().map(|(k, v)| (*k, *v)).collect()
+    }
+
+    /// Pods a kubelet reported but that were not served, by reason.
+    pub fn pods_skipped(&self) -> Vec<(&'static str, u64)> {
+        self.pods_skipped
+            .lock()
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect()
+    }
+
+    /// Total time spent in scrapes, seconds.
+    pub fn scrape_seconds(&self) -> f64 {
+        self.scrape_seconds_sum.load(Ordering::Relaxed) as f64 / 1e6
+    }
+
+    fn count(map: &Mutex<BTreeMap<&'static str, u64>>, key: &'static str, n: u64) {
+        if n > 0 {
+            *map.lock().entry(key).or_default() += n;
+        }
+    }
+}
+
+/// The fallback's settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// `--metric-resolution`: how often a node in the fallback is scraped.
+    pub resolution: Duration,
+    /// `--metric-expiry`: how long an agent may be silent before its node falls back.
+    pub metric_expiry: Duration,
+}
+
+/// The kubelet store, its pods' metadata and what the fallback has done.
+#[derive(Debug)]
+pub struct Fallback {
+    /// What kubelets answered, as metrics-server stores it.
+    pub store: Arc<Store>,
+    /// The pods those answers name, with their labels.
+    pub metadata: Arc<StreamMetadata>,
+    /// Counters and each node's source.
+    pub stats: Arc<Stats>,
+    settings: Settings,
+}
+
+impl Fallback {
+    /// An empty fallback.
+    ///
+    /// # Errors
+    ///
+    /// A resolution the store refuses (zero).
+    pub fn new(settings: Settings) -> anyhow::Result<Arc<Fallback>> {
+        let store = Store::new(StoreConfig {
+            // Three resolutions: one missed scrape does not take a node away.
+            metric_expiry: settings.resolution * 3,
+            // The kubelet's start times are the runtime's, not the counters' zero: two
+            // points, as metrics-server's steady state.
+            first_point_max_age: Duration::ZERO,
+            window: Duration::ZERO,
+            window_mode: WindowMode::Fixed,
+        })?;
+        Ok(Arc::new(Fallback {
+            store: Arc::new(store),
+            metadata: StreamMetadata::new(),
+            stats: Arc::new(Stats::default()),
+            settings,
+        }))
+    }
+}
+
+/// What the loop watches and reaches.
+#[derive(Clone)]
+pub struct Inputs {
+    /// The Kubernetes API: Nodes (addresses) and Pods (metadata of a node's pods).
+    pub api: kube::Client,
+    /// The kubelets.
+    pub kubelet: client::Client,
+    /// Which nodes exist.
+    pub nodes: Arc<ClusterNodes>,
+    /// Which nodes run a Ready agent.
+    pub agents: Arc<AgentPods>,
+    /// The agents' data.
+    pub agent_store: Arc<Store>,
+}
+
+/// One node in the fallback.
+struct Entry {
+    why: Why,
+    next: Instant,
+    scrapes: u32,
+    in_flight: Arc<std::sync::atomic::AtomicBool>,
+    /// When the agent's data came back (the linger starts).
+    agent_back: Option<Instant>,
+}
+
+/// Decides every second which nodes fall back and scrapes them. Never returns.
+pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
+    let started = Instant::now();
+    let limit = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT));
+    let targets: Arc<Targets> = Arc::default();
+    let mut agent_seen: HashMap<String, Instant> = HashMap::new();
+    let mut fallen: HashMap<String, Entry> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let settings = fallback.settings.clone();
+    let linger = settings.resolution * LINGER_RESOLUTIONS;
+    loop {
+        tick.tick().await;
+        // Until both lists are complete nothing says which nodes lack an agent.
+        if !inputs.nodes.listed() || !inputs.agents.listed() {
+            continue;
+        }
+        let now = Instant::now();
+        let ready = inputs.agents.ready_nodes();
+        let names: Vec<String> = inputs.nodes.collect(|(n, _)| n.clone());
+        let mut sources = BTreeMap::new();
+        for name in &names {
+            let agent_serves = inputs
+                .agent_store
+                .node_metrics(&[name])
+                .first()
+                .is_some_and(Option::is_some);
+            if agent_serves {
+                agent_seen.insert(name.clone(), now);
+            }
+            let seen = agent_seen.get(name).copied().unwrap_or(started);
+            let why = if !ready.contains(name) {
+                Some(Why::NoReadyAgent)
+            } else if !agent_serves && now.duration_since(seen) > settings.metric_expiry {
+                Some(Why::AgentSilent)
+            } else {
+                None
+            };
+            match (why, fallen.get_mut(name)) {
+                (Some(why), None) => {
+                    tracing::info!(
+                        node = %name,
+                        reason = why.text(),
+                        "serving the node from its kubelet"
+                    );
+                    fallen.insert(
+                        name.clone(),
+                        Entry {
+                            why,
+                            next: now,
+                            scrapes: 0,
+                            in_flight: Arc::default(),
+                            agent_back: None,
+                        },
+                    );
+                }
+                (Some(why), Some(e)) => {
+                    e.why = why;
+                    e.agent_back = None;
+                }
+                // Keep scraping a node with a Ready agent until its agent's data is served.
+                (None, Some(e)) if e.agent_back.is_none() && agent_serves => {
+                    tracing::info!(node = %name, "serving the node from its agent again");
+                    e.agent_back = Some(now);
+                }
+                _ => {}
+            }
+            let source = match fallen.get(name) {
+                Some(e) if e.agent_back.is_none() => Source::Kubelet,
+                _ => Source::Agent,
+            };
+            sources.insert(name.clone(), source);
+        }
+        // Nodes gone from the API, and nodes whose agent has been back long enough.
+        fallen.retain(|name, e| {
+            let keep = sources.contains_key(name)
+                && e.agent_back.is_none_or(|t| now.duration_since(t) < linger);
+            if !keep {
+                fallback.store.remove_node(name);
+                fallback.metadata.remove_node(name);
+                targets.lock().remove(name);
+            }
+            keep
+        });
+        agent_seen.retain(|n, _| sources.contains_key(n));
+        *fallback.stats.sources.lock() = sources;
+        fallback.store.housekeep();
+        for (name, e) in &mut fallen {
+            if e.agent_back.is_some() || e.next > now || e.in_flight.load(Ordering::Acquire) {
+                continue;
+            }
+            e.in_flight.store(true, Ordering::Release);
+            e.next = now
+                + if e.scrapes == 0 {
+                    FIRST_INTERVAL
+                } else {
+                    settings.resolution
+                };
+            e.scrapes = e.scrapes.saturating_add(1);
+            let task = Scrape {
+                node: name.clone(),
+                fallback: fallback.clone(),
+                inputs: inputs.clone(),
+                targets: targets.clone(),
+            };
+            let (limit, in_flight) = (limit.clone(), e.in_flight.clone());
+            tokio::spawn(async move {
+                if let Ok(_permit) = limit.acquire_owned().await {
+                    task.run().await;
+                }
+                in_flight.store(false, Ordering::Release);
+            });
+        }
+    }
+}
+
+/// One scrape of one node.
+struct Scrape {
+    node: String,
+    fallback: Arc<Fallback>,
+    inputs: Inputs,
+    targets: Arc<Targets>,
+}
+
+impl Scrape {
+    async fn run(self) {
+        let began = Instant::now();
+        let result = self.scrape().await;
+        let stats = &self.fallback.stats;
+        stats.scrape_seconds_sum.fetch_add(
+            u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        match result {
+            Ok(()) => Stats::count(&stats.scrapes, "ok", 1),
+            Err(e) => {
+                self.targets.lock().remove(&self.node);
+                Stats::count(&stats.scrapes, e.label(), 1);
+                tracing::warn!(node = %self.node, error = %e, "kubelet scrape failed; the node keeps what it had");
+            }
+        }
+    }
+
+    async fn target(&self) -> Result<(String, u16), client::ScrapeError> {
+        if let Some((host, port, at)) = self.targets.lock().get(&self.node) {
+            if at.elapsed() < ADDRESS_MAX_AGE {
+                return Ok((host.clone(), *port));
+            }
+        }
+        let node = kube::Api::<Node>::all(self.inputs.api.clone())
+            .get(&self.node)
+            .await
+            .map_err(|e| client::ScrapeError::Api(format!("getting the Node: {e}")))?;
+        let (host, port) = self.inputs.kubelet.target(&node)?;
+        self.targets
+            .lock()
+            .insert(self.node.clone(), (host.clone(), port, Instant::now()));
+        Ok((host, port))
+    }
+
+    async fn scrape(&self) -> Result<(), client::ScrapeError> {
+        let (host, port) = self.target().await?;
+        let pods = kube::Api::<Pod>::all(self.inputs.api.clone());
+        let params =
+            kube::api::ListParams::default().fields(&format!("spec.nodeName={}", self.node));
+        let (text, listed) = tokio::join!(
+            self.inputs.kubelet.get(&host, port),
+            pods.list_metadata(&params)
+        );
+        let resource = parse::parse(&text?)?;
+        let listed = listed
+            .map_err(|e| client::ScrapeError::Api(format!("listing the node's pods: {e}")))?;
+        let objects: HashMap<(String, String), (String, BTreeMap<String, String>)> = listed
+            .items
+            .into_iter()
+            .filter_map(|p| {
+                let m = p.metadata;
+                Some((
+                    (m.namespace?, m.name?),
+                    (m.uid?, m.labels.unwrap_or_default()),
+                ))
+            })
+            .collect();
+        let node = resource.node.ok_or(client::ScrapeError::Body(
+            "an answer without the node's figures",
+        ))?;
+        let stats = &self.fallback.stats;
+        Stats::count(
+            &stats.pods_skipped,
+            "incomplete",
+            resource.incomplete_pods as u64,
+        );
+        let mut metas = Vec::with_capacity(resource.pods.len());
+        let mut samples = Vec::with_capacity(resource.pods.len());
+        let mut unknown = 0;
+        for ((namespace, name), containers) in resource.pods {
+            let Some((uid, labels)) = objects.get(&(namespace.clone(), name.clone())) else {
+                unknown += 1;
+                continue;
+            };
+            metas.push(kpulse_wire::stream::PodMeta {
+                uid: uid.clone(),
+                namespace: namespace.clone(),
+                name: name.clone(),
+                labels: labels.clone(),
+                ready_since: None,
+            });
+            samples.push(PodSample {
+                uid: uid.clone(),
+                namespace,
+                name,
+                containers: containers
+                    .into_iter()
+                    .map(|(name, r)| ContainerSample {
+                        name,
+                        timestamp: r.timestamp,
+                        cgroup_id: None,
+                        started_at: None,
+                        cpu: r.cpu,
+                        memory_working_set: r.memory_working_set,
+                        swap: None,
+                        signals: None,
+                    })
+                    .collect(),
+                signals: None,
+                ready_since: None,
+            });
+        }
+        Stats::count(&stats.pods_skipped, "no_pod_object", unknown);
+        self.fallback.metadata.replace_pods(&self.node, &metas);
+        self.fallback
+            .store
+            .ingest(NodeBatch {
+                node_name: self.node.clone(),
+                sent_at: UnixNanos::from_system_time(std::time::SystemTime::now()),
+                node: NodeSample {
+                    timestamp: node.timestamp,
+                    started_at: None,
+                    cpu: node.cpu,
+                    memory_working_set: node.memory_working_set,
+                    swap: None,
+                },
+                pods: samples,
+            })
+            .map_err(|e| client::ScrapeError::Store(e.to_string()))?;
+        Ok(())
+    }
+}

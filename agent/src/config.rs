@@ -77,6 +77,12 @@ pub struct RunArgs {
     /// Where to serve the agent's own metrics (plain HTTP `/metrics`); empty disables.
     #[arg(long, env = "KPULSE_METRICS_BIND_ADDRESS", default_value = DEFAULT_METRICS_BIND_ADDRESS)]
     pub metrics_bind_address: String,
+    /// On SIGTERM/SIGINT, keep collecting and streaming this long before stopping (as
+    /// kube-apiserver's flag of this name), so that the aggregator-api's kubelet fallback,
+    /// which starts when the agent pod starts terminating, has its first rate (two scrapes,
+    /// 5 s apart) before this agent's data ends: a rollout or a drain then costs no gap.
+    #[arg(long, env = "KPULSE_SHUTDOWN_DELAY_DURATION", default_value = "0s", value_parser = parse_duration)]
+    pub shutdown_delay_duration: Duration,
     /// On SIGTERM/SIGINT, how long streams get to end cleanly.
     #[arg(long, env = "KPULSE_SHUTDOWN_GRACE", default_value = "5s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,

@@ -95,7 +95,19 @@ fn main_run(args: RunArgs) -> ExitCode {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Installed first: a SIGTERM from here on stops the agent cleanly.
-    let shutdown = kpulse_process::shutdown::install().context("installing signal handlers")?;
+    let signalled = kpulse_process::shutdown::install().context("installing signal handlers")?;
+    let delay = args.shutdown_delay_duration;
+    let shutdown = async move {
+        signalled.await;
+        if !delay.is_zero() {
+            tracing::info!(
+                ?delay,
+                "still streaming while the server's kubelet fallback takes over \
+                 (--shutdown-delay-duration)"
+            );
+            tokio::time::sleep(delay).await;
+        }
+    };
     if args.insecure_skip_tls_verify {
         warn!("--insecure-skip-tls-verify: the aggregator's certificate is NOT verified; for local tests only");
     }

@@ -48,9 +48,13 @@ use crate::{
     store::{Store, StoreConfig, WindowMode},
 };
 
-/// The second scrape of a node that entered the fallback, after its first: metrics-server
-/// needs two points for a rate, and a node should not wait a whole resolution for it.
-pub const FIRST_INTERVAL: Duration = Duration::from_secs(10);
+/// The second scrape of a node that entered the fallback, after its first: a rate needs
+/// two points, and a node should not wait a whole resolution for its first. 5 s: within
+/// the 10 s `--metric-expiry` for which an agent that has just stopped is still served,
+/// so a crashed agent's node is served again about as soon as its data ends. The first
+/// rate is then over those 5 s (the served `window` says so); later ones over
+/// `--metric-resolution`, as metrics-server's.
+pub const FIRST_INTERVAL: Duration = Duration::from_secs(5);
 /// Scrapes in flight at most.
 pub const MAX_CONCURRENT: usize = 128;
 /// How long a node's kubelet data stays after its agent's data is served again.

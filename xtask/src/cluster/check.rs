@@ -15,7 +15,10 @@
 //! - the served window as installed: adaptive, up to 45 s ([`served_window`]);
 //! - `kubectl rollout restart` of the aggregator-api and then of the agent DaemonSet while a
 //!   reader runs `kubectl top pod -A` and lists PodMetrics every 100 ms: failed calls and
-//!   incomplete lists, counted per rollout (none allowed during the aggregator-api's);
+//!   incomplete lists, counted per rollout (none allowed in either);
+//! - node CPU and memory against the kubelet's own figures, the agent taken off the node
+//!   and brought back, and the agent crash-looping ([`super::fallback`]: the kubelet
+//!   fallback serving the node meanwhile);
 //! - the `custom-metrics` overlay ([`super::custom_metrics`]): refused over another
 //!   adapter's APIService, then installed; an HPA on `cpu_throttled_ratio` scales a
 //!   throttled Deployment up and down;
@@ -105,8 +108,12 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>, with_faults: bool)
         failed: Vec::new(),
     };
     type Check = fn(&Ctx<'_>) -> Result<String>;
-    let first: [(&str, Check); 5] = [
+    let first: [(&str, Check); 6] = [
         ("APIServices v1beta1 and v1 Available=True", apiservices),
+        (
+            "node CPU and memory as the kubelet's /metrics/resource (±2 %)",
+            super::fallback::node_figures,
+        ),
         ("legacy discovery through kube-apiserver", legacy_discovery),
         (
             "aggregated discovery through kube-apiserver",
@@ -126,8 +133,16 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>, with_faults: bool)
         "the cluster's kubectl reads the metrics.k8s.io version of its release",
         kubectl_version_read,
     );
-    let last: [(&str, Check); 5] = [
+    let last: [(&str, Check); 7] = [
         ("a Deployment's pods appear and disappear", pod_lifecycle),
+        (
+            "the agent off the node and back: the kubelet serves it meanwhile",
+            super::fallback::agent_off_and_back,
+        ),
+        (
+            "the agent crash-looping: the kubelet covers its gaps",
+            super::fallback::agent_crashloop,
+        ),
         (
             "an autoscaling/v2 HPA on CPU scales up and down on kpulse's metrics",
             hpa,
@@ -714,10 +729,10 @@ fn served_version(ctx: &Ctx<'_>) -> &'static str {
     }
 }
 
-/// `kpulse_aggregator_requests_total`, summed over the aggregator-api replicas, by its
-/// label set. Read like the agent's metrics: inside each replica's network namespace, over
-/// HTTPS, as the cluster's admin (a client certificate the replica's client CA trusts).
-fn api_requests(ctx: &Ctx<'_>) -> Result<std::collections::BTreeMap<String, f64>> {
+/// Each aggregator-api replica's `/metrics` text. Read like the agent's metrics: inside each
+/// replica's network namespace, over HTTPS, as the cluster's admin (a client certificate
+/// the replica's client CA trusts).
+pub(super) fn server_metrics(ctx: &Ctx<'_>) -> Result<Vec<String>> {
     let admin = |path: &str| -> Result<Vec<u8>> {
         let b64 = crate::exec::output(ctx.kubectl().args([
             "config",
@@ -743,18 +758,19 @@ fn api_requests(ctx: &Ctx<'_>) -> Result<std::collections::BTreeMap<String, f64>
         "kpulse-system",
         "-l",
         "app.kubernetes.io/name=kpulse-aggregator-api",
+        "--field-selector=status.phase=Running",
     ])?;
-    let mut total = std::collections::BTreeMap::new();
-    let mut replicas = 0;
+    let mut texts = Vec::new();
     for id in pods["items"]
         .as_array()
         .into_iter()
         .flatten()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
         .filter_map(|p| p["status"]["containerStatuses"][0]["containerID"].as_str())
         .filter_map(|id| id.strip_prefix("containerd://"))
     {
         let host = "kpulse-aggregator-api.kpulse-system.svc";
-        let text = crate::exec::output(
+        texts.push(crate::exec::output(
             Command::new("nsenter")
                 .args(["-t", &container_pid(ctx, id)?.to_string(), "--net", "--"])
                 .args(["curl", "-sS", "--fail", "--max-time", "5"])
@@ -769,8 +785,17 @@ fn api_requests(ctx: &Ctx<'_>) -> Result<std::collections::BTreeMap<String, f64>
                     &format!("{host}:10250:127.0.0.1"),
                     &format!("https://{host}:10250/metrics"),
                 ]),
-        )?;
-        replicas += 1;
+        )?);
+    }
+    ensure!(!texts.is_empty(), "no running aggregator-api replica");
+    Ok(texts)
+}
+
+/// `kpulse_aggregator_requests_total`, summed over the aggregator-api replicas, by its
+/// label set.
+fn api_requests(ctx: &Ctx<'_>) -> Result<std::collections::BTreeMap<String, f64>> {
+    let mut total = std::collections::BTreeMap::new();
+    for text in server_metrics(ctx)? {
         for line in text.lines() {
             let Some(rest) = line.strip_prefix("kpulse_aggregator_requests_total{") else {
                 continue;
@@ -782,7 +807,6 @@ fn api_requests(ctx: &Ctx<'_>) -> Result<std::collections::BTreeMap<String, f64>
             *total.entry(labels.to_string()).or_insert(0.0) += v;
         }
     }
-    ensure!(replicas > 0, "no running aggregator-api replica");
     Ok(total)
 }
 
@@ -1068,7 +1092,7 @@ impl Tally {
 fn rollouts(ctx: &Ctx<'_>) -> Result<String> {
     // The earlier checks' namespaces go away in the background: their pods must be gone
     // before the reader takes its list of pods that must always be there.
-    for ns in [LIFECYCLE_NS, HPA_NS] {
+    for ns in [LIFECYCLE_NS, super::fallback::NS, HPA_NS] {
         crate::exec::output(ctx.kubectl().args([
             "wait",
             "--for=delete",
@@ -1217,9 +1241,13 @@ fn rollouts_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
         describe("aggregator-api rollout", &tallies[0]),
         describe("agent rollout", &tallies[1])
     );
+    // Both: during the agent's, the kubelet fallback serves its node (the old agent streams
+    // through --shutdown-delay-duration while the fallback takes its first two scrapes).
     ensure!(
-        tallies[0].0.errors == 0 && tallies[0].0.incomplete == 0,
-        "the aggregator-api rollout was not seamless: {text}"
+        tallies
+            .iter()
+            .all(|(t, _)| t.errors == 0 && t.incomplete == 0),
+        "a rollout was not seamless: {text}"
     );
     Ok(text)
 }

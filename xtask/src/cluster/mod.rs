@@ -15,6 +15,7 @@ mod bench_discovery;
 mod check;
 mod custom_metrics;
 mod daemons;
+mod fallback;
 mod faults;
 pub(crate) mod gobuild;
 mod host;

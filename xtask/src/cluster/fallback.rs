@@ -1,0 +1,660 @@
+//! Cluster checks of the node's figures and of the kubelet fallback
+//! (`aggregator-api/src/kubelet/`):
+//!
+//! - [`node_figures`]: with the agent serving the node, its NodeMetrics CPU and memory
+//!   against the kubelet's own `/metrics/resource` (what metrics-server serves), within
+//!   ±2 % (median of the pairs);
+//! - [`agent_off_and_back`]: the agent taken off the node (a nodeSelector that matches no
+//!   node) and brought back, while a reader lists PodMetrics and NodeMetrics every 100 ms
+//!   and an HPA reads the pods: every read answers with every pod and the node, the HPA
+//!   keeps reading metrics, and the largest jump in a pod's served CPU is stated;
+//! - [`agent_crashloop`]: the agent's process killed three times (the kubelet restarts it
+//!   with its back-off): the longest time the node's data was missing is measured.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    process::Command,
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    },
+    thread,
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+
+use super::check::{container_pid, in_fresh_namespace, server_metrics, Ctx};
+
+pub(super) const NS: &str = "kpulse-fallback";
+const AGENTS: &str = "app.kubernetes.io/name=kpulse-agent";
+
+/// The cluster's one node.
+fn node_name(ctx: &Ctx<'_>) -> Result<String> {
+    let v = ctx.json(&["get", "nodes"])?;
+    let names: Vec<&str> = v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n["metadata"]["name"].as_str())
+        .collect();
+    ensure!(names.len() == 1, "expected one node, found {names:?}");
+    Ok(names[0].to_string())
+}
+
+/// Where every aggregator-api replica serves `node` from (`agent`, `kubelet`), from
+/// `kpulse_aggregator_node_source`; `None` if the replicas disagree or do not say.
+fn node_source(ctx: &Ctx<'_>, node: &str) -> Result<Option<String>> {
+    let prefix = format!("kpulse_aggregator_node_source{{node=\"{node}\",source=\"");
+    let mut seen = BTreeSet::new();
+    let texts = server_metrics(ctx)?;
+    for text in &texts {
+        let source = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.split('"').next().map(String::from));
+        seen.insert(source);
+    }
+    Ok(match (seen.len(), seen.into_iter().next()) {
+        (1, Some(s)) => s,
+        _ => None,
+    })
+}
+
+/// Waits until every replica serves `node` from `source`.
+fn wait_source(ctx: &Ctx<'_>, node: &str, source: &str, within: Duration) -> Result<Duration> {
+    let t = Instant::now();
+    loop {
+        if node_source(ctx, node)?.as_deref() == Some(source) {
+            return Ok(t.elapsed());
+        }
+        ensure!(
+            t.elapsed() < within,
+            "the replicas did not all serve {node} from its {source} within {within:?}"
+        );
+        thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// A Kubernetes quantity of CPU in nanocores or of memory in bytes (the suffixes kpulse
+/// and metrics-server write).
+fn quantity(q: &str) -> Result<f64> {
+    let (num, mult) = [
+        ("Ki", 1024.0),
+        ("Mi", 1024.0 * 1024.0),
+        ("Gi", 1024.0 * 1024.0 * 1024.0),
+        ("n", 1e-9),
+        ("u", 1e-6),
+        ("m", 1e-3),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+    ]
+    .iter()
+    .find_map(|(s, m)| q.strip_suffix(s).map(|n| (n, *m)))
+    .unwrap_or((q, 1.0));
+    Ok(num
+        .parse::<f64>()
+        .with_context(|| format!("quantity {q:?}"))?
+        * mult)
+}
+
+fn rfc3339(s: &str) -> Result<f64> {
+    let t = humantime::parse_rfc3339(s).with_context(|| format!("timestamp {s:?}"))?;
+    Ok(t.duration_since(SystemTime::UNIX_EPOCH)?.as_secs_f64())
+}
+
+/// One sample of the kubelet's node series: (seconds, value), from its own timestamps.
+fn kubelet_node(ctx: &Ctx<'_>, node: &str) -> Result<(f64, f64, f64)> {
+    let text = crate::exec::output(ctx.kubectl().args([
+        "get",
+        "--raw",
+        &format!("/api/v1/nodes/{node}/proxy/metrics/resource"),
+    ]))?;
+    let series = |name: &str| -> Result<(f64, f64)> {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .with_context(|| format!("no {name} in the kubelet's answer"))?;
+        let mut w = line.split_whitespace().skip(1);
+        let v: f64 = w.next().context("value")?.parse()?;
+        let ms: f64 = w.next().context("timestamp")?.parse()?;
+        Ok((ms / 1000.0, v))
+    };
+    let (t, cpu) = series("node_cpu_usage_seconds_total")?;
+    let (_, mem) = series("node_memory_working_set_bytes")?;
+    Ok((t, cpu, mem))
+}
+
+/// The node's CPU time at `t` from the kubelet's samples, linearly between the two around
+/// it.
+fn cpu_at(samples: &[(f64, f64, f64)], t: f64) -> Option<f64> {
+    let i = samples.iter().position(|s| s.0 >= t)?;
+    if i == 0 {
+        return (samples[0].0 == t).then_some(samples[0].1);
+    }
+    let (a, b) = (samples[i - 1], samples[i]);
+    Some(a.1 + (b.1 - a.1) * (t - a.0) / (b.0 - a.0))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// NodeMetrics CPU and memory against the kubelet's `/metrics/resource`, with the agent
+/// serving the node.
+pub(super) fn node_figures(ctx: &Ctx<'_>) -> Result<String> {
+    let node = node_name(ctx)?;
+    wait_source(ctx, &node, "agent", Duration::from_secs(60))?;
+    let mut kubelet = Vec::new();
+    let mut served = Vec::new();
+    let mut mem_diffs = Vec::new();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(75) {
+        let k = kubelet_node(ctx, &node)?;
+        let v = ctx.json(&["get", "nodemetrics", &node])?;
+        let ts = rfc3339(v["timestamp"].as_str().context("timestamp")?)?;
+        let window = humantime::parse_duration(v["window"].as_str().context("window")?)?;
+        let cpu = quantity(v["usage"]["cpu"].as_str().context("cpu")?)?;
+        let mem = quantity(v["usage"]["memory"].as_str().context("memory")?)?;
+        mem_diffs.push((mem - k.2) / k.2);
+        kubelet.push(k);
+        // The timestamp is served in whole seconds: the reading lies within the second.
+        served.push((ts + 0.5, window.as_secs_f64(), cpu));
+        thread::sleep(Duration::from_secs(1));
+    }
+    let cpu_diffs: Vec<f64> = served
+        .iter()
+        .filter_map(|&(end, window, cores)| {
+            let (a, b) = (cpu_at(&kubelet, end - window)?, cpu_at(&kubelet, end)?);
+            let rate = (b - a) / window;
+            Some((cores - rate) / rate)
+        })
+        .collect();
+    ensure!(
+        cpu_diffs.len() >= 10,
+        "only {} served windows lay within the kubelet's samples",
+        cpu_diffs.len()
+    );
+    let (cpu, mem) = (median(cpu_diffs.clone()), median(mem_diffs.clone()));
+    let spread = |v: &[f64]| {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), x| (l.min(*x), h.max(*x)));
+        format!("{:+.2} … {:+.2} %", lo * 100.0, hi * 100.0)
+    };
+    let text = format!(
+        "node CPU {:+.2} % (median of {} windows; {}), working set {:+.2} % (median of {}; {}) \
+         against the kubelet's /metrics/resource",
+        cpu * 100.0,
+        cpu_diffs.len(),
+        spread(&cpu_diffs),
+        mem * 100.0,
+        mem_diffs.len(),
+        spread(&mem_diffs)
+    );
+    ensure!(
+        cpu.abs() <= 0.02 && mem.abs() <= 0.02,
+        "beyond ±2 %: {text}"
+    );
+    Ok(text)
+}
+
+/// What a reader saw in one phase.
+#[derive(Debug, Default)]
+struct Seen {
+    reads: u32,
+    failed: u32,
+    incomplete: u32,
+    examples: Vec<String>,
+    /// The largest change of one pod's served CPU between two reads (nanocores), and which.
+    jump: (f64, String),
+    /// The longest stretch with the node missing from NodeMetrics.
+    node_gap: Duration,
+}
+
+impl Seen {
+    fn note(&mut self, what: String) {
+        if self.examples.len() < 3 {
+            self.examples.push(what);
+        }
+    }
+
+    fn describe(&self, phase: &str) -> String {
+        format!(
+            "{phase}: {} reads, {} failed, {} incomplete, largest jump of a pod's CPU {:.0}m ({}), \
+             longest node gap {:.1} s{}",
+            self.reads,
+            self.failed,
+            self.incomplete,
+            self.jump.0 / 1e6,
+            if self.jump.1.is_empty() { "-" } else { &self.jump.1 },
+            self.node_gap.as_secs_f64(),
+            if self.examples.is_empty() {
+                String::new()
+            } else {
+                format!(" (e.g. {})", self.examples.join(" | "))
+            }
+        )
+    }
+}
+
+/// Reads every 100 ms, alternating the PodMetrics list (every `expected` pod must be in it)
+/// and the node's NodeMetrics, into `seen[phase]` until `stop`.
+fn reader(
+    ctx: &Ctx<'_>,
+    node: &str,
+    expected: &BTreeSet<String>,
+    phase: &AtomicUsize,
+    stop: &AtomicBool,
+    phases: usize,
+) -> Vec<Seen> {
+    let mut seen: Vec<Seen> = (0..phases).map(|_| Seen::default()).collect();
+    let mut last: BTreeMap<String, f64> = BTreeMap::new();
+    let mut node_missing_since: Option<Instant> = None;
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let s = &mut seen[phase.load(Ordering::Relaxed).min(phases - 1)];
+        s.reads += 1;
+        if i.is_multiple_of(2) {
+            match ctx.json(&["get", "podmetrics", "-A"]) {
+                Err(e) => {
+                    s.failed += 1;
+                    s.note(format!("{e:#}"));
+                }
+                Ok(v) => {
+                    let mut listed = BTreeSet::new();
+                    for p in v["items"].as_array().into_iter().flatten() {
+                        let key = format!(
+                            "{}/{}",
+                            p["metadata"]["namespace"].as_str().unwrap_or_default(),
+                            p["metadata"]["name"].as_str().unwrap_or_default()
+                        );
+                        let cpu: f64 = p["containers"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|c| quantity(c["usage"]["cpu"].as_str()?).ok())
+                            .sum::<f64>()
+                            * 1e9;
+                        // The jump of the pods that stay (not the agent's own new pod).
+                        let stays = expected.contains(&key);
+                        if let Some(prev) = last.insert(key.clone(), cpu).filter(|_| stays) {
+                            if (cpu - prev).abs() > s.jump.0 {
+                                s.jump = ((cpu - prev).abs(), key.clone());
+                            }
+                        }
+                        listed.insert(key);
+                    }
+                    let missing: Vec<&String> =
+                        expected.iter().filter(|p| !listed.contains(*p)).collect();
+                    if !missing.is_empty() {
+                        s.incomplete += 1;
+                        s.note(format!("missing {missing:?}"));
+                    }
+                }
+            }
+        } else {
+            let out = crate::exec::output(ctx.kubectl().args(["get", "nodemetrics", node]));
+            match out {
+                Ok(_) => {
+                    if let Some(since) = node_missing_since.take() {
+                        s.node_gap = s.node_gap.max(since.elapsed());
+                    }
+                }
+                Err(e) => {
+                    node_missing_since.get_or_insert(started);
+                    let text = format!("{e:#}");
+                    if text.contains("NotFound") || text.contains("not found") {
+                        s.incomplete += 1;
+                        s.note(format!("node {node} not found"));
+                    } else {
+                        s.failed += 1;
+                        s.note(text);
+                    }
+                }
+            }
+        }
+        i += 1;
+        thread::sleep(Duration::from_millis(100).saturating_sub(started.elapsed()));
+    }
+    if let (Some(since), Some(s)) = (node_missing_since, seen.last_mut()) {
+        s.node_gap = s.node_gap.max(since.elapsed());
+    }
+    seen
+}
+
+/// Every Running pod outside kpulse-system, as `namespace/name`.
+fn running_pods(ctx: &Ctx<'_>) -> Result<BTreeSet<String>> {
+    Ok(
+        ctx.json(&["get", "pods", "-A", "--field-selector=status.phase=Running"])?["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["metadata"]["namespace"] != "kpulse-system")
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .filter_map(|p| {
+                Some(format!(
+                    "{}/{}",
+                    p["metadata"]["namespace"].as_str()?,
+                    p["metadata"]["name"].as_str()?
+                ))
+            })
+            .collect(),
+    )
+}
+
+/// A Deployment of two pods that each burn their 100m CPU limit (twice their request) and
+/// an HPA on them whose 300 % target keeps them at two: it decides on non-zero numbers,
+/// and each source's figure for the same steady pod shows in the largest jump.
+fn workload() -> String {
+    format!(
+        r#"{{"apiVersion":"v1","kind":"List","items":[
+{{"apiVersion":"apps/v1","kind":"Deployment","metadata":{{"name":"idle","namespace":"{NS}"}},
+"spec":{{"replicas":2,"selector":{{"matchLabels":{{"app":"idle"}}}},
+"template":{{"metadata":{{"labels":{{"app":"idle"}}}},
+"spec":{{"terminationGracePeriodSeconds":1,"containers":[{{"name":"idle","image":"{image}",
+"imagePullPolicy":"Never","command":["/bin/sh","-c","trap 'exit 0' TERM; while :; do :; done"],
+"resources":{{"requests":{{"cpu":"50m","memory":"8Mi"}},"limits":{{"cpu":"100m","memory":"16Mi"}}}}}}]}}}}}}}},
+{{"apiVersion":"autoscaling/v2","kind":"HorizontalPodAutoscaler","metadata":{{"name":"idle","namespace":"{NS}"}},
+"spec":{{"scaleTargetRef":{{"apiVersion":"apps/v1","kind":"Deployment","name":"idle"}},
+"minReplicas":2,"maxReplicas":4,
+"metrics":[{{"type":"Resource","resource":{{"name":"cpu","target":{{"type":"Utilization","averageUtilization":300}}}}}}]}}}}]}}"#,
+        image = super::images::BUSYBOX_IMAGE
+    )
+}
+
+/// The HPA's status: (desiredReplicas, whether it has a current CPU reading).
+fn hpa(ctx: &Ctx<'_>) -> Result<(i64, bool)> {
+    let v = ctx.json(&["get", "hpa", "idle", "-n", NS])?;
+    Ok((
+        v["status"]["desiredReplicas"].as_i64().unwrap_or(0),
+        v["status"]["currentMetrics"][0]["resource"]["current"]["averageUtilization"].is_i64(),
+    ))
+}
+
+/// How many times the HPA failed to get its metrics so far (the events' counts).
+fn failed_metric_events(ctx: &Ctx<'_>) -> Result<i64> {
+    let v = ctx.json(&[
+        "get",
+        "events",
+        "-n",
+        NS,
+        "--field-selector=involvedObject.kind=HorizontalPodAutoscaler,reason=FailedGetResourceMetric",
+    ])?;
+    Ok(v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| e["count"].as_i64().unwrap_or(1))
+        .sum())
+}
+
+fn set_agent_selector(ctx: &Ctx<'_>, off: bool) -> Result<()> {
+    let value = if off { "\"true\"" } else { "null" };
+    crate::exec::output(ctx.kubectl().args([
+        "-n",
+        "kpulse-system",
+        "patch",
+        "daemonset",
+        "kpulse-agent",
+        "--type=merge",
+        "-p",
+        &format!(
+            r#"{{"spec":{{"template":{{"spec":{{"nodeSelector":{{"kpulse.check/no-such-node":{value}}}}}}}}}}}"#
+        ),
+    ]))?;
+    Ok(())
+}
+
+fn agent_pods(ctx: &Ctx<'_>) -> Result<usize> {
+    Ok(
+        ctx.json(&["get", "pods", "-n", "kpulse-system", "-l", AGENTS])?["items"]
+            .as_array()
+            .map_or(0, Vec::len),
+    )
+}
+
+/// The agent off the node and back under a reader every 100 ms and an HPA.
+pub(super) fn agent_off_and_back(ctx: &Ctx<'_>) -> Result<String> {
+    let result = in_fresh_namespace(ctx, NS, || off_and_back(ctx));
+    // Whatever happened, the agent goes back on the node.
+    let restored = set_agent_selector(ctx, false).and_then(|()| {
+        crate::exec::output(ctx.kubectl().args([
+            "-n",
+            "kpulse-system",
+            "rollout",
+            "status",
+            "daemonset/kpulse-agent",
+            "--timeout=120s",
+        ]))
+    });
+    match (result, restored) {
+        (Ok(text), Ok(_)) => Ok(text),
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(e.context("bringing the agent back")),
+    }
+}
+
+fn off_and_back(ctx: &Ctx<'_>) -> Result<String> {
+    let node = node_name(ctx)?;
+    let file = ctx.dirs.etc.join("check-fallback.json");
+    std::fs::write(&file, workload())?;
+    crate::exec::output(ctx.kubectl().arg("apply").arg("-f").arg(&file))?;
+    crate::exec::output(ctx.kubectl().args([
+        "rollout",
+        "status",
+        "deployment/idle",
+        "-n",
+        NS,
+        "--timeout=120s",
+    ]))?;
+    wait_source(ctx, &node, "agent", Duration::from_secs(60))?;
+    let expected = running_pods(ctx)?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (_, reading) = hpa(ctx)?;
+        let listed = ctx.json(&["get", "podmetrics", "-A"])?;
+        let names: BTreeSet<String> = listed["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| {
+                Some(format!(
+                    "{}/{}",
+                    p["metadata"]["namespace"].as_str()?,
+                    p["metadata"]["name"].as_str()?
+                ))
+            })
+            .collect();
+        if reading && expected.is_subset(&names) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the HPA read nothing, or not every pod was listed, within 120 s"
+        );
+        thread::sleep(Duration::from_millis(500));
+    }
+    let (desired_before, _) = hpa(ctx)?;
+    // The HPA complains while the new pods have no metrics yet; only later ones count.
+    let failed_before = failed_metric_events(ctx)?;
+    let phase = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut hpa_lost = Vec::new();
+    let mut times = Vec::new();
+    let seen = thread::scope(|scope| -> Result<Vec<Seen>> {
+        let r = scope.spawn(|| reader(ctx, &node, &expected, &phase, &stop, 2));
+        let run = (|| -> Result<()> {
+            // Off: a nodeSelector no node has; the DaemonSet controller deletes the pod.
+            let t = Instant::now();
+            set_agent_selector(ctx, true)?;
+            wait_source(ctx, &node, "kubelet", Duration::from_secs(60))?;
+            let switched = t.elapsed();
+            while agent_pods(ctx)? > 0 {
+                ensure!(
+                    t.elapsed() < Duration::from_secs(90),
+                    "the agent pod did not go"
+                );
+                thread::sleep(Duration::from_millis(500));
+            }
+            // Two resolutions from the kubelet alone, the HPA reading all along.
+            let held = Instant::now();
+            while held.elapsed() < Duration::from_secs(35) {
+                let (desired, reading) = hpa(ctx)?;
+                if desired != desired_before || !reading {
+                    hpa_lost.push(format!("desired {desired}, reading {reading}"));
+                }
+                thread::sleep(Duration::from_secs(1));
+            }
+            times.push(format!(
+                "off: served from the kubelet {:.1} s after the patch, agent pod gone after \
+                 {:.1} s",
+                switched.as_secs_f64(),
+                (held - t).as_secs_f64()
+            ));
+            // Back.
+            phase.store(1, Ordering::Relaxed);
+            let t = Instant::now();
+            set_agent_selector(ctx, false)?;
+            wait_source(ctx, &node, "agent", Duration::from_secs(90))?;
+            times.push(format!(
+                "back: served from the agent {:.1} s after the patch",
+                t.elapsed().as_secs_f64()
+            ));
+            // Past the linger (two resolutions) and the kubelet data's end.
+            thread::sleep(Duration::from_secs(35));
+            let (desired, reading) = hpa(ctx)?;
+            if desired != desired_before || !reading {
+                hpa_lost.push(format!("after: desired {desired}, reading {reading}"));
+            }
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        let seen = r
+            .join()
+            .map_err(|_| anyhow::anyhow!("the reader panicked"))?;
+        run.map(|()| seen)
+    })?;
+    let failed = failed_metric_events(ctx)? - failed_before;
+    let text = format!(
+        "{}; {}; {}; HPA desired {desired_before} throughout, {failed} FailedGetResourceMetric \
+         events meanwhile",
+        times.join(", "),
+        seen[0].describe("agent off"),
+        seen[1].describe("agent back"),
+    );
+    for s in &seen {
+        ensure!(
+            s.reads > 50 && s.failed == 0 && s.incomplete == 0,
+            "not seamless: {text}"
+        );
+    }
+    ensure!(
+        hpa_lost.is_empty() && failed == 0,
+        "the HPA lost its metrics: {hpa_lost:?}; {text}"
+    );
+    Ok(text)
+}
+
+/// The agent's container id and its restart count, once it runs.
+fn agent_container(ctx: &Ctx<'_>) -> Result<Option<(String, i64)>> {
+    let v = ctx.json(&["get", "pods", "-n", "kpulse-system", "-l", AGENTS])?;
+    let status = &v["items"][0]["status"]["containerStatuses"][0];
+    let running = !status["state"]["running"].is_null() && status["ready"] == true;
+    let id = status["containerID"]
+        .as_str()
+        .and_then(|id| id.strip_prefix("containerd://"));
+    Ok(match (running, id) {
+        (true, Some(id)) => Some((id.to_string(), status["restartCount"].as_i64().unwrap_or(0))),
+        _ => None,
+    })
+}
+
+/// The agent's process killed three times, the kubelet restarting it with its back-off.
+pub(super) fn agent_crashloop(ctx: &Ctx<'_>) -> Result<String> {
+    let node = node_name(ctx)?;
+    let expected = running_pods(ctx)?;
+    let phase = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let mut restarts = Vec::new();
+    let seen = thread::scope(|scope| -> Result<Vec<Seen>> {
+        let r = scope.spawn(|| reader(ctx, &node, &expected, &phase, &stop, 1));
+        let run = (|| -> Result<()> {
+            for kill in 0..3 {
+                wait_source(ctx, &node, "agent", Duration::from_secs(120))?;
+                let (id, restarts_before) = agent_container(ctx)?.context("no agent container")?;
+                let pid = container_pid(ctx, &id)?;
+                let t = Instant::now();
+                crate::exec::output(Command::new("kill").args(["-KILL", &pid.to_string()]))?;
+                // Until the restarted agent serves the node again; whether the kubelet
+                // served it in between depends on the back-off (the first restart is
+                // immediate, later ones wait 10 s, 20 s, …).
+                let mut via_kubelet = None;
+                loop {
+                    ensure!(
+                        t.elapsed() < Duration::from_secs(150),
+                        "kill {}: the agent did not serve the node again within 150 s",
+                        kill + 1
+                    );
+                    let source = node_source(ctx, &node)?;
+                    if source.as_deref() == Some("kubelet") && via_kubelet.is_none() {
+                        via_kubelet = Some(t.elapsed());
+                    }
+                    let restarted = agent_container(ctx)?.is_some_and(|(_, n)| n > restarts_before);
+                    if restarted && source.as_deref() == Some("agent") {
+                        break;
+                    }
+                    thread::sleep(Duration::from_millis(250));
+                }
+                restarts.push(format!(
+                    "kill {}: {}agent again after {:.1} s",
+                    kill + 1,
+                    via_kubelet.map_or(String::new(), |d| format!(
+                        "kubelet after {:.1} s, ",
+                        d.as_secs_f64()
+                    )),
+                    t.elapsed().as_secs_f64()
+                ));
+            }
+            // Past the linger.
+            thread::sleep(Duration::from_secs(5));
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        let seen = r
+            .join()
+            .map_err(|_| anyhow::anyhow!("the reader panicked"))?;
+        run.map(|()| seen)
+    })?;
+    let s = &seen[0];
+    let text = format!("{}; {}", restarts.join(", "), s.describe("crash loop"));
+    if s.failed > 0 || s.node_gap > Duration::from_secs(10) {
+        bail!("the node's data was gone too long, or reads failed: {text}");
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities() {
+        assert_eq!(quantity("551545279n").expect("q"), 0.551545279);
+        assert_eq!(quantity("4305932Ki").expect("q"), 4305932.0 * 1024.0);
+        assert_eq!(quantity("250m").expect("q"), 0.25);
+        assert_eq!(quantity("0").expect("q"), 0.0);
+        assert!(quantity("x").is_err());
+    }
+
+    #[test]
+    fn cpu_between_kubelet_samples() {
+        let s = [(10.0, 100.0, 0.0), (20.0, 200.0, 0.0)];
+        assert_eq!(cpu_at(&s, 15.0), Some(150.0));
+        assert_eq!(cpu_at(&s, 10.0), Some(100.0));
+        assert_eq!(cpu_at(&s, 5.0), None);
+        assert_eq!(cpu_at(&s, 25.0), None);
+    }
+}

@@ -163,6 +163,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
                     nodes: nodes.clone(),
                     agents: agents.clone(),
                     agent_store: store.clone(),
+                    agent_metadata: metadata.clone(),
                 },
             ));
             tracing::info!(

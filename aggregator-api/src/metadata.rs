@@ -335,6 +335,18 @@ impl StreamMetadata {
         true
     }
 
+    /// The `(namespace, name)` of the pods `node` reports, sorted.
+    pub fn pods_of(&self, node: &str) -> Vec<(String, String)> {
+        let index = self.index.read();
+        let mut keys: Vec<(String, String)> = index
+            .nodes
+            .get(node)
+            .map(|n| n.pods.values().cloned().collect())
+            .unwrap_or_default();
+        keys.sort();
+        keys
+    }
+
     /// The names of the nodes known, sorted.
     pub fn node_names(&self) -> Vec<String> {
         self.index.read().nodes.keys().cloned().collect()

@@ -18,6 +18,14 @@
 //! own tasks, so a slow kubelet delays nothing else. A kubelet that fails (refused, timed
 //! out, HTTP error, an answer over 8 MiB, text that does not parse) is logged at WARN and
 //! counted; that node keeps what it had until it expires, and nothing else is affected.
+//! The fallback also scrapes a node whose agent serves it but reports pods it has no
+//! counters for at two looks [`INCOMPLETE_CHECK`] apart (pods in VM sandboxes, whose
+//! containers' cgroups are inside the guest): the kubelet has their stats where the runtime
+//! reports them, and [`crate::sources::Sources`] serves those pods from here, the node and
+//! its other pods from the agent. (A pod that is not running yet, or no longer, lacks
+//! counters too: such a node is then scraped every resolution, as metrics-server scrapes
+//! every node, and nothing of it is served from here that the agent has.)
+//!
 //! Which pods exist, their uids and labels (for label selectors and the HPA) come from a
 //! metadata-only list of the node's pods (`fieldSelector=spec.nodeName=…`) made with each
 //! scrape.
@@ -59,6 +67,10 @@ pub const FIRST_INTERVAL: Duration = Duration::from_secs(5);
 pub const MAX_CONCURRENT: usize = 128;
 /// How long a node's kubelet data stays after its agent's data is served again.
 pub const LINGER_RESOLUTIONS: u32 = 2;
+/// How often the nodes whose agents serve them are looked at for pods without metrics; a
+/// pod must lack them at two looks in a row (a new pod has its first rate about a second
+/// after its containers start).
+pub const INCOMPLETE_CHECK: Duration = Duration::from_secs(5);
 /// How often a node's address is looked up again (also after every failed scrape).
 const ADDRESS_MAX_AGE: Duration = Duration::from_secs(600);
 
@@ -72,6 +84,10 @@ pub enum Why {
     NoReadyAgent,
     /// Its agent is Ready but has not streamed for longer than `--metric-expiry`.
     AgentSilent,
+    /// Its agent serves the node but reports pods it cannot measure (their metadata
+    /// without their counters: a VM sandbox, whose containers' cgroups are in the guest);
+    /// the kubelet serves those pods where the runtime gives it their stats.
+    IncompletePods,
 }
 
 impl Why {
@@ -79,6 +95,7 @@ impl Why {
         match self {
             Why::NoReadyAgent => "no Ready agent pod on the node",
             Why::AgentSilent => "its agent has sent nothing for longer than --metric-expiry",
+            Why::IncompletePods => "its agent reports pods it cannot measure",
         }
     }
 }
@@ -206,6 +223,19 @@ pub struct Inputs {
     pub agents: Arc<AgentPods>,
     /// The agents' data.
     pub agent_store: Arc<Store>,
+    /// The pods the agents report (with or without their counters).
+    pub agent_metadata: Arc<StreamMetadata>,
+}
+
+/// The pods `node`'s agent reports that its data has no servable metrics for.
+pub fn unmeasured_pods(metadata: &StreamMetadata, store: &Store, node: &str) -> usize {
+    let keys = metadata.pods_of(node);
+    let refs: Vec<(&str, &str)> = keys.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    store
+        .pod_metrics(&refs)
+        .iter()
+        .filter(|p| p.is_none())
+        .count()
 }
 
 /// One node in the fallback.
@@ -224,6 +254,9 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
     let limit = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT));
     let targets: Arc<Targets> = Arc::default();
     let mut agent_seen: HashMap<String, Instant> = HashMap::new();
+    // Nodes with unmeasured pods at the last look, and when the next look is.
+    let mut unmeasured: HashMap<String, u8> = HashMap::new();
+    let mut next_look = Instant::now();
     let mut fallen: HashMap<String, Entry> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -239,6 +272,10 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
         let ready = inputs.agents.ready_nodes();
         let names: Vec<String> = inputs.nodes.collect(|(n, _)| n.clone());
         let mut sources = BTreeMap::new();
+        let look = now >= next_look;
+        if look {
+            next_look = now + INCOMPLETE_CHECK;
+        }
         for name in &names {
             let agent_serves = inputs
                 .agent_store
@@ -249,10 +286,22 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
                 agent_seen.insert(name.clone(), now);
             }
             let seen = agent_seen.get(name).copied().unwrap_or(started);
+            if look {
+                let missing = agent_serves
+                    && unmeasured_pods(&inputs.agent_metadata, &inputs.agent_store, name) > 0;
+                if missing {
+                    let looks = unmeasured.entry(name.clone()).or_default();
+                    *looks = looks.saturating_add(1);
+                } else {
+                    unmeasured.remove(name);
+                }
+            }
             let why = if !ready.contains(name) {
                 Some(Why::NoReadyAgent)
             } else if !agent_serves && now.duration_since(seen) > settings.metric_expiry {
                 Some(Why::AgentSilent)
+            } else if unmeasured.get(name).is_some_and(|looks| *looks >= 2) {
+                Some(Why::IncompletePods)
             } else {
                 None
             };
@@ -275,18 +324,32 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
                     );
                 }
                 (Some(why), Some(e)) => {
+                    if e.why != why || e.agent_back.is_some() {
+                        tracing::info!(
+                            node = %name,
+                            reason = why.text(),
+                            "serving the node from its kubelet"
+                        );
+                    }
                     e.why = why;
                     e.agent_back = None;
                 }
                 // Keep scraping a node with a Ready agent until its agent's data is served.
                 (None, Some(e)) if e.agent_back.is_none() && agent_serves => {
-                    tracing::info!(node = %name, "serving the node from its agent again");
+                    if e.why == Why::IncompletePods {
+                        tracing::info!(node = %name, "every pod the agent reports is measured again");
+                    } else {
+                        tracing::info!(node = %name, "serving the node from its agent again");
+                    }
                     e.agent_back = Some(now);
                 }
                 _ => {}
             }
+            // A node whose agent serves it stays the agent's, whatever pods it lacks.
             let source = match fallen.get(name) {
-                Some(e) if e.agent_back.is_none() => Source::Kubelet,
+                Some(e) if e.agent_back.is_none() && e.why != Why::IncompletePods => {
+                    Source::Kubelet
+                }
                 _ => Source::Agent,
             };
             sources.insert(name.clone(), source);
@@ -303,6 +366,7 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
             keep
         });
         agent_seen.retain(|n, _| sources.contains_key(n));
+        unmeasured.retain(|n, _| sources.contains_key(n));
         *fallback.stats.sources.lock() = sources;
         fallback.store.housekeep();
         for (name, e) in &mut fallen {
@@ -464,5 +528,73 @@ impl Scrape {
             })
             .map_err(|e| client::ScrapeError::Store(e.to_string()))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kpulse_wire::{Bytes, CpuNanos};
+
+    fn meta(name: &str) -> kpulse_wire::stream::PodMeta {
+        kpulse_wire::stream::PodMeta {
+            uid: format!("uid-{name}"),
+            namespace: "ns".into(),
+            name: name.into(),
+            labels: BTreeMap::new(),
+            ready_since: None,
+        }
+    }
+
+    /// A pod the agent reports without counters (a VM sandbox) is what sends its node's
+    /// pods to the kubelet; measured pods and other nodes' pods are not.
+    #[test]
+    fn pods_reported_without_counters_are_unmeasured() {
+        let metadata = StreamMetadata::new();
+        metadata.replace_pods("a", &[meta("measured"), meta("sandboxed")]);
+        metadata.replace_pods("b", &[meta("elsewhere")]);
+        let store = Store::new(StoreConfig::new(Duration::from_secs(60))).expect("store");
+        let now = UnixNanos::from_system_time(std::time::SystemTime::now()).0;
+        for (i, t) in [now - 2_000_000_000, now - 1_000_000_000]
+            .into_iter()
+            .enumerate()
+        {
+            let cpu = CpuNanos(i as u64 * 1_000_000);
+            store
+                .ingest(NodeBatch {
+                    node_name: "a".into(),
+                    sent_at: UnixNanos(t),
+                    node: NodeSample {
+                        timestamp: UnixNanos(t),
+                        started_at: None,
+                        cpu,
+                        memory_working_set: Bytes(1),
+                        swap: None,
+                    },
+                    pods: vec![PodSample {
+                        uid: "uid-measured".into(),
+                        namespace: "ns".into(),
+                        name: "measured".into(),
+                        containers: vec![ContainerSample {
+                            name: "c".into(),
+                            timestamp: UnixNanos(t),
+                            cgroup_id: None,
+                            started_at: None,
+                            cpu,
+                            memory_working_set: Bytes(1),
+                            swap: None,
+                            signals: None,
+                        }],
+                        signals: None,
+                        ready_since: None,
+                    }],
+                })
+                .expect("ingest");
+        }
+        assert_eq!(unmeasured_pods(&metadata, &store, "a"), 1);
+        assert_eq!(unmeasured_pods(&metadata, &store, "b"), 1);
+        assert_eq!(unmeasured_pods(&metadata, &store, "c"), 0);
+        metadata.replace_pods("a", &[meta("measured")]);
+        assert_eq!(unmeasured_pods(&metadata, &store, "a"), 0);
     }
 }

@@ -146,23 +146,51 @@ fn median(mut v: Vec<f64>) -> f64 {
 pub(super) fn node_figures(ctx: &Ctx<'_>) -> Result<String> {
     let node = node_name(ctx)?;
     wait_source(ctx, &node, "agent", Duration::from_secs(60))?;
-    let mut kubelet = Vec::new();
+    // The kubelet's node series sampled about four times a second on its own thread (its
+    // own timestamps; linear between samples), NodeMetrics once a second.
+    let kubelet = std::sync::Mutex::new(Vec::new());
+    let done = AtomicBool::new(false);
     let mut served = Vec::new();
     let mut mem_diffs = Vec::new();
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(75) {
-        let k = kubelet_node(ctx, &node)?;
-        let v = ctx.json(&["get", "nodemetrics", &node])?;
-        let ts = rfc3339(v["timestamp"].as_str().context("timestamp")?)?;
-        let window = humantime::parse_duration(v["window"].as_str().context("window")?)?;
-        let cpu = quantity(v["usage"]["cpu"].as_str().context("cpu")?)?;
-        let mem = quantity(v["usage"]["memory"].as_str().context("memory")?)?;
-        mem_diffs.push((mem - k.2) / k.2);
-        kubelet.push(k);
-        // The timestamp is served in whole seconds: the reading lies within the second.
-        served.push((ts + 0.5, window.as_secs_f64(), cpu));
-        thread::sleep(Duration::from_secs(1));
-    }
+    thread::scope(|scope| -> Result<()> {
+        let sampler = scope.spawn(|| -> Result<()> {
+            while !done.load(Ordering::Relaxed) {
+                let k = kubelet_node(ctx, &node)?;
+                if let Ok(mut v) = kubelet.lock() {
+                    if v.last().is_none_or(|l: &(f64, f64, f64)| l.0 < k.0) {
+                        v.push(k);
+                    }
+                }
+                thread::sleep(Duration::from_millis(150));
+            }
+            Ok(())
+        });
+        let t = Instant::now();
+        let run = (|| -> Result<()> {
+            while t.elapsed() < Duration::from_secs(90) {
+                let v = ctx.json(&["get", "nodemetrics", &node])?;
+                let ts = rfc3339(v["timestamp"].as_str().context("timestamp")?)?;
+                let window = humantime::parse_duration(v["window"].as_str().context("window")?)?;
+                let cpu = quantity(v["usage"]["cpu"].as_str().context("cpu")?)?;
+                let mem = quantity(v["usage"]["memory"].as_str().context("memory")?)?;
+                let k = kubelet_node(ctx, &node)?;
+                mem_diffs.push((mem - k.2) / k.2);
+                // The timestamp is served in whole seconds (truncated): the reading lies
+                // within the second.
+                served.push((ts + 0.5, window.as_secs_f64(), cpu));
+                thread::sleep(Duration::from_secs(1));
+            }
+            Ok(())
+        })();
+        done.store(true, Ordering::Relaxed);
+        sampler
+            .join()
+            .map_err(|_| anyhow::anyhow!("the kubelet sampler panicked"))??;
+        run
+    })?;
+    let kubelet = kubelet
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("the kubelet samples' lock was poisoned"))?;
     let cpu_diffs: Vec<f64> = served
         .iter()
         .filter_map(|&(end, window, cores)| {
@@ -207,28 +235,34 @@ struct Seen {
     failed: u32,
     incomplete: u32,
     examples: Vec<String>,
-    /// The largest change of one pod's served CPU between two reads (nanocores), and which.
-    jump: (f64, String),
+    /// The largest change of one pod's served CPU between two reads (nanocores), which
+    /// pod, and its CPU before the change.
+    jump: (f64, String, f64),
     /// The longest stretch with the node missing from NodeMetrics.
     node_gap: Duration,
 }
 
 impl Seen {
     fn note(&mut self, what: String) {
-        if self.examples.len() < 3 {
+        if self.examples.len() < 6 {
             self.examples.push(what);
         }
     }
 
     fn describe(&self, phase: &str) -> String {
         format!(
-            "{phase}: {} reads, {} failed, {} incomplete, largest jump of a pod's CPU {:.0}m ({}), \
-             longest node gap {:.1} s{}",
+            "{phase}: {} reads, {} failed, {} incomplete, largest jump of a pod's CPU {:.1}m \
+             ({}, from {:.1}m), longest node gap {:.1} s{}",
             self.reads,
             self.failed,
             self.incomplete,
             self.jump.0 / 1e6,
-            if self.jump.1.is_empty() { "-" } else { &self.jump.1 },
+            if self.jump.1.is_empty() {
+                "-"
+            } else {
+                &self.jump.1
+            },
+            self.jump.2 / 1e6,
             self.node_gap.as_secs_f64(),
             if self.examples.is_empty() {
                 String::new()
@@ -252,6 +286,7 @@ fn reader(
     let mut seen: Vec<Seen> = (0..phases).map(|_| Seen::default()).collect();
     let mut last: BTreeMap<String, f64> = BTreeMap::new();
     let mut node_missing_since: Option<Instant> = None;
+    let began = Instant::now();
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
@@ -261,7 +296,7 @@ fn reader(
             match ctx.json(&["get", "podmetrics", "-A"]) {
                 Err(e) => {
                     s.failed += 1;
-                    s.note(format!("{e:#}"));
+                    s.note(format!("list failed: {e:#}"));
                 }
                 Ok(v) => {
                     let mut listed = BTreeSet::new();
@@ -282,7 +317,7 @@ fn reader(
                         let stays = expected.contains(&key);
                         if let Some(prev) = last.insert(key.clone(), cpu).filter(|_| stays) {
                             if (cpu - prev).abs() > s.jump.0 {
-                                s.jump = ((cpu - prev).abs(), key.clone());
+                                s.jump = ((cpu - prev).abs(), key.clone(), prev);
                             }
                         }
                         listed.insert(key);
@@ -301,6 +336,11 @@ fn reader(
                 Ok(_) => {
                     if let Some(since) = node_missing_since.take() {
                         s.node_gap = s.node_gap.max(since.elapsed());
+                        s.note(format!(
+                            "node missing {:.1} s from {:.1} s",
+                            since.elapsed().as_secs_f64(),
+                            since.duration_since(began).as_secs_f64()
+                        ));
                     }
                 }
                 Err(e) => {
@@ -308,10 +348,9 @@ fn reader(
                     let text = format!("{e:#}");
                     if text.contains("NotFound") || text.contains("not found") {
                         s.incomplete += 1;
-                        s.note(format!("node {node} not found"));
                     } else {
                         s.failed += 1;
-                        s.note(text);
+                        s.note(format!("node read failed: {text}"));
                     }
                 }
             }
@@ -575,6 +614,37 @@ fn agent_container(ctx: &Ctx<'_>) -> Result<Option<(String, i64)>> {
 /// The agent's process killed three times, the kubelet restarting it with its back-off.
 pub(super) fn agent_crashloop(ctx: &Ctx<'_>) -> Result<String> {
     let node = node_name(ctx)?;
+    // The previous check's pods go away in the background: they must be gone before the
+    // reader takes its list of pods that must always be there.
+    crate::exec::output(ctx.kubectl().args([
+        "wait",
+        "--for=delete",
+        &format!("namespace/{NS}"),
+        "--timeout=180s",
+    ]))
+    .or_else(|e| {
+        // Already gone: NotFound on older kubectls.
+        if format!("{e:#}").contains("NotFound") {
+            Ok(String::new())
+        } else {
+            Err(e)
+        }
+    })?;
+    // The kubelet's back-off grows with the pod's restarts: start from a pod without any
+    // (0 s, 10 s, 20 s before the three restarts).
+    if agent_container(ctx)?.is_none_or(|(_, restarts)| restarts > 0) {
+        for args in [
+            &["rollout", "restart", "daemonset/kpulse-agent"][..],
+            &[
+                "rollout",
+                "status",
+                "daemonset/kpulse-agent",
+                "--timeout=120s",
+            ][..],
+        ] {
+            crate::exec::output(ctx.kubectl().args(["-n", "kpulse-system"]).args(args))?;
+        }
+    }
     let expected = running_pods(ctx)?;
     let phase = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);

@@ -197,6 +197,17 @@ fn rel_err(got: f64, want: f64) -> f64 {
     }
 }
 
+/// How far `got` lies outside `[low, high]`, relative to the bound it passed (0 inside).
+fn outside(got: f64, low: f64, high: f64) -> f64 {
+    if got < low {
+        (low - got) / low
+    } else if got > high {
+        (got - high) / high
+    } else {
+        0.0
+    }
+}
+
 /// The kernel's own memory figures of cgroup `kid`, from its files (swap included).
 fn file_memory(layout: &Layout, parent: &str, kid: &str) -> kpulse_agent::sample::Memory {
     match layout {
@@ -810,13 +821,7 @@ fn run() -> usize {
             node1_before.saturating_sub(node0_after) as f64,
             node1_after.saturating_sub(node0_before) as f64,
         );
-        let err = if got < low {
-            (low - got) / low
-        } else if got > high {
-            (got - high) / high
-        } else {
-            0.0
-        };
+        let err = outside(got, low, high);
         println!(
             "accuracy: {source:8} node cpu: collector {got:.0} ns, kubelet's file {low:.0} … {high:.0} ns, error {:.3} % outside that",
             err * 100.0
@@ -848,14 +853,7 @@ fn run() -> usize {
             let got = (c1 - c0) as f64;
             let low = truth1_before[i].saturating_sub(truth0_after[i]) as f64;
             let high = truth1_after[i].saturating_sub(truth0_before[i]) as f64;
-            // Distance from the bracket, relative to it (0 inside it).
-            let err = if got < low {
-                (low - got) / low
-            } else if got > high {
-                (got - high) / high
-            } else {
-                0.0
-            };
+            let err = outside(got, low, high);
             println!(
                 "accuracy: {source:8} cpu  {kid:4}: collector {:>12.0} ns, schedstat {:>12.0} … {:>12.0} ns, error {:+.3} % outside that",
                 got,

@@ -1093,23 +1093,50 @@ fn rollouts(ctx: &Ctx<'_>) -> Result<String> {
     // The earlier checks' namespaces go away in the background: their pods must be gone
     // before the reader takes its list of pods that must always be there.
     for ns in [LIFECYCLE_NS, super::fallback::NS, HPA_NS] {
-        crate::exec::output(ctx.kubectl().args([
-            "wait",
-            "--for=delete",
-            &format!("namespace/{ns}"),
-            "--timeout=180s",
-        ]))
-        .or_else(|e| {
-            // `kubectl wait --for=delete` of an object that is already gone succeeds on
-            // recent kubectls and fails with NotFound on older ones.
-            if format!("{e:#}").contains("NotFound") {
-                Ok(String::new())
-            } else {
-                Err(e)
-            }
-        })?;
+        namespace_gone(ctx, ns)?;
     }
     in_fresh_namespace(ctx, ROLLOUT_NS, || rollouts_in_namespace(ctx))
+}
+
+/// Every Running pod outside kpulse-system that is not being deleted (earlier checks'
+/// namespaces are rightly dropped), as `namespace/name`: what every answer must list.
+pub(super) fn running_pods(ctx: &Ctx<'_>) -> Result<std::collections::BTreeSet<String>> {
+    Ok(
+        ctx.json(&["get", "pods", "-A", "--field-selector=status.phase=Running"])?["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["metadata"]["namespace"] != "kpulse-system")
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .filter_map(|p| {
+                Some(format!(
+                    "{}/{}",
+                    p["metadata"]["namespace"].as_str()?,
+                    p["metadata"]["name"].as_str()?
+                ))
+            })
+            .collect(),
+    )
+}
+
+/// Waits until namespace `ns` (an earlier check's, deleted without waiting) is gone.
+pub(super) fn namespace_gone(ctx: &Ctx<'_>, ns: &str) -> Result<()> {
+    crate::exec::output(ctx.kubectl().args([
+        "wait",
+        "--for=delete",
+        &format!("namespace/{ns}"),
+        "--timeout=180s",
+    ]))
+    .map(|_| ())
+    .or_else(|e| {
+        // `kubectl wait --for=delete` of an object that is already gone succeeds on
+        // recent kubectls and fails with NotFound on older ones.
+        if format!("{e:#}").contains("NotFound") {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    })
 }
 
 fn rollouts_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
@@ -1126,22 +1153,7 @@ fn rollouts_in_namespace(ctx: &Ctx<'_>) -> Result<String> {
         "--timeout=120s",
     ]))?;
     // Every running pod outside kpulse-system must be in every answer.
-    let expected: std::collections::BTreeSet<String> =
-        ctx.json(&["get", "pods", "-A", "--field-selector=status.phase=Running"])?["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|p| p["metadata"]["namespace"] != "kpulse-system")
-            // Pods being deleted (earlier checks' namespaces) are rightly dropped.
-            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-            .filter_map(|p| {
-                Some(format!(
-                    "{}/{}",
-                    p["metadata"]["namespace"].as_str()?,
-                    p["metadata"]["name"].as_str()?
-                ))
-            })
-            .collect();
+    let expected = running_pods(ctx)?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         ensure!(

@@ -24,7 +24,9 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 
-use super::check::{container_pid, in_fresh_namespace, server_metrics, Ctx};
+use super::check::{
+    container_pid, in_fresh_namespace, namespace_gone, running_pods, server_metrics, Ctx,
+};
 
 pub(super) const NS: &str = "kpulse-fallback";
 const AGENTS: &str = "app.kubernetes.io/name=kpulse-agent";
@@ -364,26 +366,6 @@ fn reader(
     seen
 }
 
-/// Every Running pod outside kpulse-system, as `namespace/name`.
-fn running_pods(ctx: &Ctx<'_>) -> Result<BTreeSet<String>> {
-    Ok(
-        ctx.json(&["get", "pods", "-A", "--field-selector=status.phase=Running"])?["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|p| p["metadata"]["namespace"] != "kpulse-system")
-            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-            .filter_map(|p| {
-                Some(format!(
-                    "{}/{}",
-                    p["metadata"]["namespace"].as_str()?,
-                    p["metadata"]["name"].as_str()?
-                ))
-            })
-            .collect(),
-    )
-}
-
 /// A Deployment of two pods that each burn their 100m CPU limit (twice their request) and
 /// an HPA on them whose 300 % target keeps them at two: it decides on non-zero numbers,
 /// and each source's figure for the same steady pod shows in the largest jump.
@@ -616,20 +598,7 @@ pub(super) fn agent_crashloop(ctx: &Ctx<'_>) -> Result<String> {
     let node = node_name(ctx)?;
     // The previous check's pods go away in the background: they must be gone before the
     // reader takes its list of pods that must always be there.
-    crate::exec::output(ctx.kubectl().args([
-        "wait",
-        "--for=delete",
-        &format!("namespace/{NS}"),
-        "--timeout=180s",
-    ]))
-    .or_else(|e| {
-        // Already gone: NotFound on older kubectls.
-        if format!("{e:#}").contains("NotFound") {
-            Ok(String::new())
-        } else {
-            Err(e)
-        }
-    })?;
+    namespace_gone(ctx, NS)?;
     // The kubelet's back-off grows with the pod's restarts: start from a pod without any
     // (0 s, 10 s, 20 s before the three restarts).
     if agent_container(ctx)?.is_none_or(|(_, restarts)| restarts > 0) {

@@ -9,7 +9,8 @@
 //!   and an HPA reads the pods: every read answers with every pod and the node, the HPA
 //!   keeps reading metrics, and the largest jump in a pod's served CPU is stated;
 //! - [`agent_crashloop`]: the agent's process killed three times (the kubelet restarts it
-//!   with its back-off): the longest time the node's data was missing is measured.
+//!   with its back-off): the longest time the node's data was missing is measured and
+//!   bounded (20 s).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -669,8 +670,14 @@ pub(super) fn agent_crashloop(ctx: &Ctx<'_>) -> Result<String> {
     })?;
     let s = &seen[0];
     let text = format!("{}; {}", restarts.join(", "), s.describe("crash loop"));
-    if s.failed > 0 || s.node_gap > Duration::from_secs(10) {
-        bail!("the node's data was gone too long, or reads failed: {text}");
+    // The fallback needs two kubelet readings with different timestamps: 5 s after it
+    // starts where the kubelet reads stats on demand (1.37), up to its housekeeping interval
+    // (10–15 s) where it serves them cached (1.34); the agent's last data stays servable
+    // 10 s. So the node may be missing for a few seconds, bounded here. On this one-node
+    // cluster a missing node also fails every replica's `metric-storage-ready`, so reads fail
+    // meanwhile: they are stated, not asserted (a cluster with other nodes stays ready).
+    if s.node_gap > Duration::from_secs(20) {
+        bail!("the node's data was gone longer than the fallback needs: {text}");
     }
     Ok(text)
 }

@@ -111,7 +111,7 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>, with_faults: bool)
     let first: [(&str, Check); 6] = [
         ("APIServices v1beta1 and v1 Available=True", apiservices),
         (
-            "node CPU and memory as the kubelet's /metrics/resource (±2 %)",
+            "node CPU and memory as the kubelet's /metrics/resource (target ±2 %)",
             super::fallback::node_figures,
         ),
         ("legacy discovery through kube-apiserver", legacy_discovery),

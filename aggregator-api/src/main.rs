@@ -151,7 +151,6 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             let fallback = kpulse_aggregator_api::kubelet::Fallback::new(
                 kpulse_aggregator_api::kubelet::Settings {
                     resolution: cfg.metric_resolution,
-                    metric_expiry: cfg.metric_expiry,
                 },
             )
             .context("the kubelet fallback's store")?;

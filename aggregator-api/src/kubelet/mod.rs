@@ -37,7 +37,7 @@ pub mod client;
 pub mod parse;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc,
@@ -65,6 +65,10 @@ use crate::{
 pub const FIRST_INTERVAL: Duration = Duration::from_secs(5);
 /// Scrapes in flight at most.
 pub const MAX_CONCURRENT: usize = 128;
+/// How long after this replica starts a node whose agent pod is Ready but whose agent has
+/// not streamed to it falls back (agents find a new replica when they next resolve its
+/// Service, within about 10 s).
+pub const AGENT_GRACE: Duration = Duration::from_secs(20);
 /// How long a node's kubelet data stays after its agent's data is served again.
 pub const LINGER_RESOLUTIONS: u32 = 2;
 /// How often the nodes whose agents serve them are looked at for pods without metrics; a
@@ -169,8 +173,6 @@ impl Stats {
 pub struct Settings {
     /// `--metric-resolution`: how often a node in the fallback is scraped.
     pub resolution: Duration,
-    /// `--metric-expiry`: how long an agent may be silent before its node falls back.
-    pub metric_expiry: Duration,
 }
 
 /// The kubelet store, its pods' metadata and what the fallback has done.
@@ -253,7 +255,9 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
     let started = Instant::now();
     let limit = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT));
     let targets: Arc<Targets> = Arc::default();
-    let mut agent_seen: HashMap<String, Instant> = HashMap::new();
+    let mut agent_seen: HashSet<String> = HashSet::new();
+    // Each node's in-flight flag outlives its entry: one scrape of a node at a time.
+    let mut flights: HashMap<String, Arc<std::sync::atomic::AtomicBool>> = HashMap::new();
     // Nodes with unmeasured pods at the last look, and when the next look is.
     let mut unmeasured: HashMap<String, u8> = HashMap::new();
     let mut next_look = Instant::now();
@@ -282,10 +286,15 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
                 .node_metrics(&[name])
                 .first()
                 .is_some_and(Option::is_some);
-            if agent_serves {
-                agent_seen.insert(name.clone(), now);
-            }
-            let seen = agent_seen.get(name).copied().unwrap_or(started);
+            // Served by its agent since this replica started: once that data has expired the
+            // node falls back at once; never served: after AGENT_GRACE (agents find a new
+            // replica when they next resolve its Service).
+            let known = if agent_serves {
+                agent_seen.insert(name.clone());
+                true
+            } else {
+                agent_seen.contains(name)
+            };
             if look {
                 let missing = agent_serves
                     && unmeasured_pods(&inputs.agent_metadata, &inputs.agent_store, name) > 0;
@@ -298,7 +307,7 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
             }
             let why = if !ready.contains(name) {
                 Some(Why::NoReadyAgent)
-            } else if !agent_serves && now.duration_since(seen) > settings.metric_expiry {
+            } else if !agent_serves && (known || now.duration_since(started) > AGENT_GRACE) {
                 Some(Why::AgentSilent)
             } else if unmeasured.get(name).is_some_and(|looks| *looks >= 2) {
                 Some(Why::IncompletePods)
@@ -318,7 +327,7 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
                             why,
                             next: now,
                             scrapes: 0,
-                            in_flight: Arc::default(),
+                            in_flight: flights.entry(name.clone()).or_default().clone(),
                             agent_back: None,
                         },
                     );
@@ -365,8 +374,16 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
             }
             keep
         });
-        agent_seen.retain(|n, _| sources.contains_key(n));
+        agent_seen.retain(|n| sources.contains_key(n));
         unmeasured.retain(|n, _| sources.contains_key(n));
+        // What a scrape still in flight wrote after its node left: gone at the next tick.
+        for orphan in fallback.metadata.node_names() {
+            if !fallen.contains_key(&orphan) {
+                fallback.store.remove_node(&orphan);
+                fallback.metadata.remove_node(&orphan);
+            }
+        }
+        flights.retain(|n, f| fallen.contains_key(n) || f.load(Ordering::Acquire));
         *fallback.stats.sources.lock() = sources;
         fallback.store.housekeep();
         for (name, e) in &mut fallen {
@@ -445,8 +462,10 @@ impl Scrape {
     async fn scrape(&self) -> Result<(), client::ScrapeError> {
         let (host, port) = self.target().await?;
         let pods = kube::Api::<Pod>::all(self.inputs.api.clone());
-        let params =
-            kube::api::ListParams::default().fields(&format!("spec.nodeName={}", self.node));
+        // From kube-apiserver's watch cache (resourceVersion=0), not a quorum read of etcd.
+        let params = kube::api::ListParams::default()
+            .fields(&format!("spec.nodeName={}", self.node))
+            .match_any();
         let (text, listed) = tokio::join!(
             self.inputs.kubelet.get(&host, port),
             pods.list_metadata(&params)
@@ -499,7 +518,9 @@ impl Scrape {
                         name,
                         timestamp: r.timestamp,
                         cgroup_id: None,
-                        started_at: None,
+                        // The kubelet's start time: a change is a restart (the store then
+                        // never subtracts the old instance's counter from the new one's).
+                        started_at: r.started_at,
                         cpu: r.cpu,
                         memory_working_set: r.memory_working_set,
                         swap: None,

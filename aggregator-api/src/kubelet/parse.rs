@@ -12,8 +12,9 @@
 //! served. As in metrics-server, a text that does not parse is refused whole (the node is
 //! skipped for that scrape); a container that lacks either figure or has one that is not
 //! a finite, non-negative number is left out, and so is its pod (the store serves a pod
-//! only with all of its containers). Comment lines, other metrics (`*_start_time_seconds`,
-//! `pod_*`, `scrape_error`, swap) and labels other than these three are ignored. Windows
+//! only with all of its containers). A container's `container_start_time_seconds` is kept
+//! as its instance's start (a change is a restart). Comment lines, other metrics (`pod_*`,
+//! `scrape_error`, swap) and labels other than these three are ignored. Windows
 //! nodes and sandboxed (VM) pods answer in the same format: the kubelet fills it from the
 //! CRI runtime's stats instead of cgroups.
 
@@ -50,6 +51,9 @@ pub struct Reading {
     pub cpu: CpuNanos,
     /// Working set.
     pub memory_working_set: Bytes,
+    /// When the container started (`container_start_time_seconds`), if the kubelet says:
+    /// constant for one instance, so a change is a restart. `None` for the node.
+    pub started_at: Option<UnixNanos>,
 }
 
 /// What one answer holds.
@@ -69,6 +73,7 @@ pub struct Resource {
 struct Half {
     cpu: Option<(u64, UnixNanos)>,
     memory: Option<(u64, UnixNanos)>,
+    started_at: Option<UnixNanos>,
     invalid: bool,
 }
 
@@ -91,6 +96,7 @@ impl Half {
             timestamp: if t_cpu.0 == 0 { t_mem } else { t_cpu },
             cpu: CpuNanos(cpu),
             memory_working_set: Bytes(mem),
+            started_at: self.started_at,
         })
     }
 }
@@ -119,11 +125,16 @@ pub fn parse(text: &str) -> Result<Resource, ParseError> {
             "node_memory_working_set_bytes" | "container_memory_working_set_bytes" => {
                 (false, false)
             }
+            // Optional: without it a restart is seen only when the counter goes down.
+            "container_start_time_seconds" => (false, true),
             _ => continue,
         };
-        let ts = sample
-            .timestamp_ms
-            .ok_or_else(|| fail("a resource sample without a timestamp"))?;
+        let ts = match sample.timestamp_ms {
+            Some(ts) => ts,
+            // A start time is a time in itself.
+            None if sample.name == "container_start_time_seconds" => UnixNanos(0),
+            None => return Err(fail("a resource sample without a timestamp")),
+        };
         let value = figure(sample.value, seconds);
         if sample.name.starts_with("node_") {
             node.set(cpu, value, ts);
@@ -143,10 +154,12 @@ pub fn parse(text: &str) -> Result<Resource, ParseError> {
                 "a container sample without namespace, pod and container",
             ));
         };
-        containers
-            .entry((namespace, pod, container))
-            .or_default()
-            .set(cpu, value, ts);
+        let half = containers.entry((namespace, pod, container)).or_default();
+        if sample.name == "container_start_time_seconds" {
+            half.started_at = value.map(UnixNanos);
+        } else {
+            half.set(cpu, value, ts);
+        }
     }
     let mut out = Resource {
         node: node.reading(),
@@ -154,6 +167,10 @@ pub fn parse(text: &str) -> Result<Resource, ParseError> {
     };
     let mut incomplete = std::collections::BTreeSet::new();
     for ((namespace, pod, container), half) in containers {
+        // A start time alone is no container's figures.
+        if half.cpu.is_none() && half.memory.is_none() && !half.invalid {
+            continue;
+        }
         let key = (namespace, pod);
         match half.reading() {
             Some(r) if !incomplete.contains(&key) => {
@@ -310,6 +327,7 @@ resource_scrape_error 0
                 timestamp: UnixNanos(1_764_950_400_125 * MS),
                 cpu: CpuNanos(86_412_750_000_000),
                 memory_working_set: Bytes(2_390_000_000),
+                started_at: None,
             })
         );
         let pod = &r.pods[&("shop".to_string(), "api-7d9f-x2x".to_string())];
@@ -318,6 +336,12 @@ resource_scrape_error 0
         assert_eq!(pod["api"].memory_working_set, Bytes(125_829_120));
         assert_eq!(pod["proxy"].cpu, CpuNanos(350_000_000));
         assert_eq!(pod["proxy"].timestamp, UnixNanos(1_764_950_400_510 * MS));
+        // The start time marks the instance (the store tells a restart by it).
+        assert_eq!(
+            pod["api"].started_at,
+            Some(UnixNanos(1_764_900_000 * 1_000_000_000))
+        );
+        assert_eq!(pod["proxy"].started_at, None);
         assert_eq!(r.incomplete_pods, 0);
     }
 

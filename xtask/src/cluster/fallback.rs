@@ -688,6 +688,15 @@ pub(super) fn agent_crashloop(ctx: &Ctx<'_>) -> Result<String> {
     if s.node_gap > Duration::from_secs(20) {
         bail!("the node's data was gone longer than the fallback needs: {text}");
     }
+    // The back-offs of the second and third restarts (10 s, 20 s) outlast the agent's data.
+    ensure!(
+        restarts
+            .iter()
+            .filter(|r| r.contains("kubelet after"))
+            .count()
+            >= 2,
+        "the kubelet never served the node while the agent was down: {text}"
+    );
     Ok(text)
 }
 

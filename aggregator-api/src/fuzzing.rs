@@ -16,6 +16,7 @@ use crate::api::selector::{
 };
 use crate::auth::requestheader::{self, Config, Outcome};
 use crate::auth::x509::CaBundle;
+use crate::kubelet::parse::{self as kubelet_parse, ParseError, Reading, Resource, MAX_SAMPLES};
 use crate::quantity::{self, Quantity};
 
 // ---------------------------------------------------------------------------------------------
@@ -722,4 +723,331 @@ fn check_rfc3339(s: &str) {
         )
     })();
     assert_eq!(ok, Some(true), "{s:?} is not RFC 3339");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kubelet's `/metrics/resource`.
+
+/// The kubelet fallback's parser of `/metrics/resource` ([`kubelet_parse::parse`]), on the
+/// input as text (lossy UTF-8).
+///
+/// Input layout: the whole input is the answer's body.
+///
+/// Invariants: no panic; an error names a line of the text (1-based), and `TooMany` comes
+/// only with more than [`MAX_SAMPLES`] lines; on success, every pod has at least one
+/// container, every reading's timestamp is a whole number of milliseconds, and it is zero
+/// only if the text has both a CPU and a memory sample of that kind (node or container) with
+/// timestamp 0 (the parser takes a zero CPU timestamp as absent and falls back to the memory
+/// one, but accepts a zero there: nothing in it requires a non-zero timestamp); the result,
+/// written back in the kubelet's format (the five series with `namespace`, `pod`,
+/// `container` labels, escaped, and millisecond timestamps; CPU and start times as seconds
+/// with nine decimals, memory as an integer), parses to the same node and pods, with no
+/// incomplete pod. Timestamps, memory, names and which figures are there come back exactly;
+/// CPU times and start times come back exactly below 2^51 ns (26 CPU-days), and from there
+/// within one unit in the last place of the value as an `f64` (at least 1 ns): reading the
+/// decimal into an `f64` and scaling it by 1e9 round twice (see `seconds_tolerance`).
+pub fn kubelet_resource(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let lines = text.lines().count();
+    let resource = match kubelet_parse::parse(&text) {
+        Ok(r) => r,
+        Err(ParseError::Line { line, reason }) => {
+            assert!(
+                (1..=lines).contains(&line) && !reason.is_empty(),
+                "line {line} of {lines}: {reason:?}"
+            );
+            return;
+        }
+        Err(ParseError::TooMany(n)) => {
+            assert!(
+                n == MAX_SAMPLES && lines > MAX_SAMPLES,
+                "TooMany({n}) of {lines} lines"
+            );
+            return;
+        }
+    };
+    if let Some(node) = &resource.node {
+        check_timestamp(&text, "node", node);
+    }
+    for ((namespace, pod), containers) in &resource.pods {
+        assert!(
+            !containers.is_empty(),
+            "pod {namespace}/{pod} without containers"
+        );
+        for reading in containers.values() {
+            check_timestamp(&text, "container", reading);
+        }
+    }
+    let rendered = render_resource(&resource);
+    let again = match kubelet_parse::parse(&rendered) {
+        Ok(r) => r,
+        Err(e) => panic!("{resource:?} renders as {rendered:?}, which does not parse: {e}"),
+    };
+    assert_eq!(again.incomplete_pods, 0, "{rendered:?}");
+    match (&resource.node, &again.node) {
+        (None, None) => {}
+        (Some(a), Some(b)) => same_reading("node", a, b),
+        (a, b) => panic!("node {a:?} renders as {rendered:?}, read back as {b:?}"),
+    }
+    assert!(
+        resource.pods.keys().eq(again.pods.keys()),
+        "pods {:?} read back as {:?}",
+        resource.pods.keys().collect::<Vec<_>>(),
+        again.pods.keys().collect::<Vec<_>>()
+    );
+    for ((key, a), b) in resource.pods.iter().zip(again.pods.values()) {
+        assert!(
+            a.keys().eq(b.keys()),
+            "containers of {key:?}: {:?} read back as {:?}",
+            a.keys().collect::<Vec<_>>(),
+            b.keys().collect::<Vec<_>>()
+        );
+        for ((name, ra), rb) in a.iter().zip(b.values()) {
+            same_reading(&format!("{key:?} {name:?}"), ra, rb);
+        }
+    }
+}
+
+/// A reading's timestamp is whole milliseconds, and zero only if the text has a CPU and a
+/// memory sample of `kind` (`node` or `container`) whose timestamp is 0.
+fn check_timestamp(text: &str, kind: &str, reading: &Reading) {
+    let ns = reading.timestamp.0;
+    assert_eq!(
+        ns % 1_000_000,
+        0,
+        "{kind} timestamp {ns} ns is not whole milliseconds"
+    );
+    if ns != 0 {
+        return;
+    }
+    let zero_stamped = |series: &str| {
+        let name = format!("{kind}_{series}");
+        text.lines().map(str::trim).any(|line| {
+            let Some(rest) = line.strip_prefix(name.as_str()) else {
+                return false;
+            };
+            let name_goes_on =
+                rest.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':');
+            !name_goes_on
+                && rest
+                    .split_whitespace()
+                    .next_back()
+                    .and_then(|t| t.parse::<i64>().ok())
+                    == Some(0)
+        })
+    };
+    assert!(
+        zero_stamped("cpu_usage_seconds_total") && zero_stamped("memory_working_set_bytes"),
+        "a {kind} reading with timestamp 0 from a text without zero timestamps: {reading:?}"
+    );
+}
+
+/// How far a time of `nanos` (CPU or a start time) may move when written as seconds with nine
+/// decimals and parsed back: not at all below 2^51; from there one unit in the last place of
+/// `nanos` as an `f64`, and at least 1. Parsing rounds the decimal `nanos / 1e9` to the
+/// nearest `f64` `x`; `x` is off by at most half its ulp, which scaled by 1e9 (less than 2^30,
+/// and `x`'s exponent is 29 or 30 below that of `nanos`) is less than 0.94 ulp of `nanos`;
+/// rounding `x * 1e9` to an `f64` then gives `nanos` or a neighbour, and rounding that to an
+/// integer adds at most 0.5 where the ulp is below 1. Below 2^51 the ulp is at most 1/4, so
+/// the error stays under 0.94/4 + 1/8 < 0.5 and rounding restores `nanos`. (The parser's
+/// values are `f64` integers, so the largest is 2^64 − 2048, which comes back exactly rather
+/// than overflowing to an invalid figure: the unit tests check it.)
+fn seconds_tolerance(nanos: u64) -> u64 {
+    if nanos < 1 << 51 {
+        return 0;
+    }
+    let bits = 64 - nanos.leading_zeros();
+    1u64 << bits.saturating_sub(53)
+}
+
+fn same_reading(what: &str, a: &Reading, b: &Reading) {
+    let close = |x: u64, y: u64| x.abs_diff(y) <= seconds_tolerance(x);
+    let started = match (a.started_at, b.started_at) {
+        (None, None) => true,
+        (Some(x), Some(y)) => close(x.0, y.0),
+        _ => false,
+    };
+    assert!(
+        a.timestamp == b.timestamp
+            && a.memory_working_set == b.memory_working_set
+            && close(a.cpu.0, b.cpu.0)
+            && started,
+        "{what}: {a:?} read back as {b:?}"
+    );
+}
+
+/// Nanoseconds as seconds with nine decimals.
+fn seconds(nanos: u64) -> String {
+    format!("{}.{:09}", nanos / 1_000_000_000, nanos % 1_000_000_000)
+}
+
+/// A label value with the exposition format's escapes.
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Writes `resource` as the kubelet writes `/metrics/resource`: series by series, each with
+/// its `# HELP` and `# TYPE` lines, start times with the container's timestamp.
+fn render_resource(resource: &Resource) -> String {
+    let mut node = Vec::new();
+    let mut containers: [Vec<String>; 3] = Default::default();
+    if let Some(r) = &resource.node {
+        let ms = r.timestamp.0 / 1_000_000;
+        node.push(format!(
+            "node_cpu_usage_seconds_total {} {ms}",
+            seconds(r.cpu.0)
+        ));
+        node.push(format!(
+            "node_memory_working_set_bytes {} {ms}",
+            r.memory_working_set.0
+        ));
+    }
+    for ((namespace, pod), pod_containers) in &resource.pods {
+        for (container, r) in pod_containers {
+            let labels = format!(
+                "{{container=\"{}\",namespace=\"{}\",pod=\"{}\"}}",
+                escape_label(container),
+                escape_label(namespace),
+                escape_label(pod)
+            );
+            let ms = r.timestamp.0 / 1_000_000;
+            containers[0].push(format!(
+                "container_cpu_usage_seconds_total{labels} {} {ms}",
+                seconds(r.cpu.0)
+            ));
+            containers[1].push(format!(
+                "container_memory_working_set_bytes{labels} {} {ms}",
+                r.memory_working_set.0
+            ));
+            if let Some(start) = r.started_at {
+                containers[2].push(format!(
+                    "container_start_time_seconds{labels} {} {ms}",
+                    seconds(start.0)
+                ));
+            }
+        }
+    }
+    let series = [
+        (
+            "container_cpu_usage_seconds_total",
+            "counter",
+            &containers[0],
+        ),
+        (
+            "container_memory_working_set_bytes",
+            "gauge",
+            &containers[1],
+        ),
+        ("container_start_time_seconds", "gauge", &containers[2]),
+    ];
+    let mut out = String::new();
+    for (name, kind, lines) in series {
+        out.push_str(&format!(
+            "# HELP {name} [STABLE] fuzzing\n# TYPE {name} {kind}\n"
+        ));
+        for line in lines {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    for line in node {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out.push_str("# TYPE resource_scrape_error gauge\nresource_scrape_error 0\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kpulse_wire::{Bytes, CpuNanos, UnixNanos};
+
+    #[test]
+    fn kubelet_resource_holds_on_inline_answers() {
+        let inputs: &[&[u8]] = &[
+            b"",
+            b"# only a comment\n\n",
+            b"node_cpu_usage_seconds_total 86412.75 1764950400125\n\
+              node_memory_working_set_bytes 2.39e+09 1764950400125\n\
+              container_cpu_usage_seconds_total{container=\"a\\\"b\",namespace=\"n\\\\s\",pod=\"p\\nq\"} 1.5 1764950400000\n\
+              container_memory_working_set_bytes{pod=\"p\\nq\",namespace=\"n\\\\s\",container=\"a\\\"b\"} 7 1764950400000\n\
+              container_start_time_seconds{container=\"a\\\"b\",namespace=\"n\\\\s\",pod=\"p\\nq\"} 1.7649e+09\n",
+            // Zero timestamps are accepted (a runtime that reports none gives the epoch).
+            b"node_cpu_usage_seconds_total 1 0\nnode_memory_working_set_bytes 1 0\n",
+            b"node_cpu_usage_seconds_total 1 0\r\nnode_memory_working_set_bytes 1 5\r\n",
+            // The largest CPU figure the parser returns, and huge timestamps.
+            b"node_cpu_usage_seconds_total 18446744073.709549568 18446744073709\n\
+              node_memory_working_set_bytes 1.8446744073709550e19 18446744073709\n",
+            b"node_cpu_usage_seconds_total +.5 1\nnode_memory_working_set_bytes 0x1 1\n",
+            b"container_cpu_usage_seconds_total{container=\"c\",namespace=\"n\",pod=\"p\"} NaN 1\n",
+            b"\xff\xfe node_cpu_usage_seconds_total 1 1\n",
+        ];
+        for input in inputs {
+            kubelet_resource(input);
+        }
+    }
+
+    /// `seconds_tolerance`'s claims: exact below 2^51, within an ulp above, and the largest
+    /// figure the parser returns reads back without overflowing.
+    #[test]
+    fn nine_decimal_seconds_read_back_within_the_tolerance() {
+        let read_back = |nanos: u64| {
+            let reading = Reading {
+                timestamp: UnixNanos(1_000_000),
+                cpu: CpuNanos(nanos),
+                memory_working_set: Bytes(1),
+                started_at: None,
+            };
+            let resource = Resource {
+                node: Some(reading),
+                ..Resource::default()
+            };
+            let text = render_resource(&resource);
+            match kubelet_parse::parse(&text) {
+                Ok(Resource { node: Some(r), .. }) => r.cpu.0,
+                other => panic!("{nanos} read back as {other:?}"),
+            }
+        };
+        // The parser's figures are f64 integers: these are, from every binade.
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut inexact_below = 0;
+        let mut inexact_above = 0;
+        for i in 0..200_000u32 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let bits = i % 64 + 1;
+            let nanos = (state >> (64 - bits)) as f64;
+            if nanos >= 18_446_744_073_709_551_616.0 {
+                continue;
+            }
+            let nanos = nanos as u64;
+            let back = read_back(nanos);
+            assert!(
+                nanos.abs_diff(back) <= seconds_tolerance(nanos),
+                "{nanos} read back as {back}"
+            );
+            if back != nanos {
+                if nanos < 1 << 53 {
+                    inexact_below += 1;
+                } else {
+                    inexact_above += 1;
+                }
+            }
+        }
+        // The tolerance is needed (it is not slack for a check that never fails).
+        assert!(inexact_below > 0 && inexact_above > 0);
+        let largest = f64::from_bits(18_446_744_073_709_551_616.0_f64.to_bits() - 1) as u64;
+        assert_eq!(largest, u64::MAX - 2047);
+        assert_eq!(read_back(largest), largest);
+        assert_eq!(seconds_tolerance((1 << 51) - 1), 0);
+        assert_eq!(seconds_tolerance(1 << 51), 1);
+        assert_eq!(seconds_tolerance(1 << 53), 2);
+        assert_eq!(seconds_tolerance(1 << 54), 4);
+        assert_eq!(seconds_tolerance(u64::MAX), 2048);
+    }
 }

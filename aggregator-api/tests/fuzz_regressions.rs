@@ -22,6 +22,14 @@ fn quantity() {
     replay_fuzz_inputs("quantity", kpulse_aggregator_api::fuzzing::quantity);
 }
 
+#[test]
+fn kubelet_resource() {
+    replay_fuzz_inputs(
+        "kubelet_resource",
+        kpulse_aggregator_api::fuzzing::kubelet_resource,
+    );
+}
+
 /// Writes the seed inputs of `fuzz/corpus/{selectors,request_header,quantity}/`: run with
 /// `cargo test -p kpulse-aggregator-api --test fuzz_regressions -- --ignored`, then minimize
 /// with `cargo xtask fuzz --minimize`.

@@ -27,12 +27,13 @@ use anyhow::{bail, Context, Result};
 use crate::{exec, vm};
 
 /// Every target in `fuzz/fuzz_targets/`.
-pub const TARGETS: [&str; 5] = [
+pub const TARGETS: [&str; 6] = [
     "wire_decoder",
     "selectors",
     "cgroup_path",
     "request_header",
     "quantity",
+    "kubelet_resource",
 ];
 
 /// `cargo xtask fuzz` flags.

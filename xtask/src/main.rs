@@ -8,6 +8,7 @@ mod bench_restart;
 mod build_ebpf;
 mod certs;
 mod cluster;
+mod cross;
 mod demo;
 mod exec;
 mod fuzz;

@@ -8,8 +8,9 @@
 //!    (`xtask/tests/manifests.rs`, real `kubectl kustomize`), and the accuracy test against
 //!    this machine's kernel (real cgroups, processes and eBPF; root needed);
 //! 4. the agent's kernel-facing tests again inside qemu VMs booting Debian's 6.1 and 6.12
-//!    kernels with pure cgroup v2 ([`VM_TESTS`]: accuracy, agent restart, eBPF faults; one
-//!    boot per kernel).
+//!    amd64 kernels and its 6.12 arm64 kernel with pure cgroup v2 ([`VM_TESTS`]: accuracy,
+//!    agent restart, eBPF faults; one boot per kernel). For arm64 the agent and the tests are
+//!    cross-built first (`cross::build`), with the same eBPF object.
 //!
 //! 5. kpulse on a real single-node Kubernetes of each pinned release
 //!    (`cluster::end_to_end`: `cluster up --install` on the first, `cluster up --migrate`
@@ -34,7 +35,7 @@ use std::{
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 
-use crate::{build_ebpf, cluster, exec, go_golden, vm};
+use crate::{build_ebpf, cluster, cross, exec, go_golden, vm};
 
 /// `cargo xtask test` flags.
 #[derive(Debug, clap::Args)]
@@ -191,13 +192,15 @@ pub fn run(opts: &Options) -> Result<()> {
             "{} is missing: the host tests should have built it",
             agent.display()
         );
-        let mut files = vec![(agent, "/kpulse/kpulse-agent".to_string())];
+        let mut host_files = vec![(agent, "/kpulse/kpulse-agent".to_string())];
         for name in VM_TESTS {
-            files.push((
+            host_files.push((
                 test_executable(&root, "kpulse-agent", name)?,
                 format!("{VM_TEST_DIR}/{name}"),
             ));
         }
+        // Cross-built when the first arm64 kernel comes.
+        let mut arm64_files: Option<Vec<(PathBuf, String)>> = None;
         let suite = root.join("target/vm/suite.sh");
         fs::create_dir_all(root.join("target/vm"))?;
         fs::write(&suite, vm_suite_script())
@@ -220,10 +223,24 @@ pub fn run(opts: &Options) -> Result<()> {
         ];
         let mut failed = Vec::new();
         for k in kernels {
+            let mut files = match k.arch() {
+                vm::Arch::Amd64 => host_files.clone(),
+                vm::Arch::Arm64 => match &arm64_files {
+                    Some(files) => files.clone(),
+                    None => {
+                        let built = Instant::now();
+                        let files = arm64_vm_files(&root)?;
+                        println!(
+                            "--- the agent and its tests cross-built for arm64 in {:.0} s",
+                            built.elapsed().as_secs_f64()
+                        );
+                        arm64_files.insert(files).clone()
+                    }
+                },
+            };
             let booted = Instant::now();
             // The RAM-disk driver the accuracy test puts its swap area on (see its `swap`).
             let brd = vm::kernel_module(&root, k, "drivers/block/brd")?;
-            let mut files = files.clone();
             files.push((brd, SWAP_MODULE_GUEST.to_string()));
             let mut env = env.clone();
             env.push((
@@ -238,7 +255,8 @@ pub fn run(opts: &Options) -> Result<()> {
                     args: &[],
                     env: &env,
                     extra_files: &files,
-                    // Each test takes one to three minutes under TCG.
+                    // Each test takes one to three minutes under TCG (x86-64 on x86-64), up to
+                    // twice that emulating Arm.
                     timeout: Duration::from_secs(600 * VM_TESTS.len() as u64),
                     memory_mib: 1024,
                     cpus: 2,
@@ -509,6 +527,27 @@ fn disk_free(root: &std::path::Path) -> String {
         ),
         None => "disk: free space unknown (df failed)".to_string(),
     }
+}
+
+/// The agent and its [`VM_TESTS`] built for arm64, as (host path, guest path).
+fn arm64_vm_files(root: &Path) -> Result<Vec<(PathBuf, String)>> {
+    let built = cross::build(root, "kpulse-agent", &VM_TESTS)?;
+    let agent = built
+        .bins
+        .iter()
+        .find(|(name, _)| name == "kpulse-agent")
+        .map(|(_, exe)| exe.clone())
+        .context("the arm64 build made no kpulse-agent binary")?;
+    let mut files = vec![(agent, "/kpulse/kpulse-agent".to_string())];
+    for name in VM_TESTS {
+        let (_, exe) = built
+            .tests
+            .iter()
+            .find(|(n, _)| n == name)
+            .with_context(|| format!("the arm64 build made no test {name}"))?;
+        files.push((exe.clone(), format!("{VM_TEST_DIR}/{name}")));
+    }
+    Ok(files)
 }
 
 /// Builds an integration test without running it and returns its executable.

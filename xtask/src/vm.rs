@@ -1,20 +1,25 @@
-//! `cargo xtask vm`: run a host-built Linux test executable inside qemu VMs that boot Debian's
-//! 6.1 and 6.12 cloud kernels with a pure cgroup v2 hierarchy, and report its output and exit
-//! status.
+//! `cargo xtask vm`: run a Linux test executable inside qemu VMs that boot Debian's 6.1 and
+//! 6.12 amd64 cloud kernels and its 6.12 arm64 cloud kernel with a pure cgroup v2 hierarchy,
+//! and report its output and exit status.
 //!
 //! How a run works:
-//! - The kernel is a Debian `linux-image-*-cloud-amd64` package (BTF built in), fetched once
-//!   with `apt-get download` and unpacked with `dpkg-deb -x` under `target/vm/<kernel>/`.
+//! - The kernel is a Debian `linux-image-*-cloud-{amd64,arm64}` package (BTF built in),
+//!   fetched once with `apt-get download` (arm64: with `cross::Apt`'s private configuration)
+//!   and unpacked with `dpkg-deb -x` under `target/vm/<kernel>/`.
 //! - The root file system is an initramfs written here (newc cpio, gzipped by `gzip`):
-//!   busybox-static, the test executable with every library `ldd` lists, the extra files,
-//!   and an `/init` script. The script mounts proc, sysfs, devtmpfs, cgroup2, bpffs, tracefs,
+//!   busybox-static of the kernel's architecture, the test executable (amd64: with every
+//!   library `ldd` lists; arm64: it must be static, as `cross::build` makes it), the extra
+//!   files, and an `/init` script. The script mounts proc, sysfs, devtmpfs, cgroup2, bpffs, tracefs,
 //!   debugfs and a tmpfs `/tmp`, brings up the loopback interface, enables `+cpu +memory`,
 //!   moves itself into the leaf cgroup
 //!   `/kpulse-vm/runner`, runs the test with stdout and stderr on the second serial port, then
 //!   writes `KPULSE-EXIT-<token>-<code>` there and powers off. The token is random per run, so
 //!   the test's own output cannot fake the status.
 //! - qemu runs with TCG only: this host's /dev/kvm is paravirtual and Debian kernels crash or
-//!   hang on it. Serial port 1 (ttyS0) carries the kernel console, port 2 (ttyS1) the test.
+//!   hang on it. amd64: serial port 1 (ttyS0) carries the kernel console, port 2 (ttyS1) the
+//!   test. arm64 (`-machine virt -cpu max,pauth-impdef=on`: pointer authentication with
+//!   qemu's cheap algorithm): the PL011 (ttyAMA0) carries the console, a virtio console
+//!   (hvc0, built into Debian's cloud-arm64 kernel) the test.
 //!
 //! Not a test harness: it runs one executable per kernel and says how it exited.
 
@@ -32,20 +37,91 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 
-use crate::exec;
+use crate::{cross, cross::Apt, exec};
 
 /// Debian package of the 6.1 LTS cloud kernel (bookworm).
 pub const PACKAGE_6_1: &str = "linux-image-6.1.0-57-cloud-amd64";
 /// Debian package of the 6.12 LTS cloud kernel (bookworm-backports/security).
 pub const PACKAGE_6_12: &str = "linux-image-6.12.117+deb12-cloud-amd64";
+/// Debian package of the 6.12 LTS arm64 cloud kernel (the same build as [`PACKAGE_6_12`]).
+pub const PACKAGE_ARM64_6_12: &str = "linux-image-6.12.117+deb12-cloud-arm64";
 
-/// The qemu binary; TCG only, see the module docs.
-const QEMU: &str = "qemu-system-x86_64";
 /// Where Debian's `busybox-static` puts its (static) binary.
 const BUSYBOX: &str = "/bin/busybox";
-/// Kernel command line: pure cgroup v2, console on the first serial port, no reboot loops.
-const KERNEL_ARGS: &str = "console=ttyS0 systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all \
-                           panic=-1 quiet rdinit=/init";
+/// Kernel command line after the console: pure cgroup v2, no reboot loops.
+const KERNEL_ARGS: &str =
+    "systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all panic=-1 quiet rdinit=/init";
+
+/// The machine a VM emulates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Arch {
+    /// x86-64, this host's own.
+    Amd64,
+    /// 64-bit Arm.
+    Arm64,
+}
+
+impl Arch {
+    /// Debian's name of the architecture.
+    pub fn debian(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "amd64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+
+    /// The qemu binary (TCG only, see the module docs).
+    fn qemu(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "qemu-system-x86_64",
+            Arch::Arm64 => "qemu-system-aarch64",
+        }
+    }
+
+    /// `e_machine` of this architecture's ELF files.
+    fn elf_machine(self) -> u16 {
+        match self {
+            Arch::Amd64 => 62,
+            Arch::Arm64 => 183,
+        }
+    }
+
+    /// The guest's console device (the kernel's `console=`).
+    fn console(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "ttyS0",
+            Arch::Arm64 => "ttyAMA0",
+        }
+    }
+
+    /// The guest device the test's output goes to.
+    fn output_device(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "/dev/ttyS1",
+            Arch::Arm64 => "/dev/hvc0",
+        }
+    }
+
+    /// The machine and the two character devices: `console` on the console port, `output`
+    /// on the test's.
+    fn qemu_machine_args(self) -> &'static [&'static str] {
+        match self {
+            Arch::Amd64 => &["-serial", "chardev:console", "-serial", "chardev:output"],
+            Arch::Arm64 => &[
+                "-machine",
+                "virt",
+                "-cpu",
+                "max,pauth-impdef=on",
+                "-serial",
+                "chardev:console",
+                "-device",
+                "virtio-serial-pci",
+                "-device",
+                "virtconsole,chardev=output",
+            ],
+        }
+    }
+}
 /// Prefix of the exit-status line the guest writes after the test; a token and code follow.
 const MARKER_PREFIX: &str = "KPULSE-EXIT-";
 /// Environment variable that keeps a run's staging directory (initramfs, serial logs).
@@ -66,12 +142,22 @@ pub enum Kernel {
     V6_1,
     /// 6.12 LTS (Debian 13's kernel, built for Debian 12).
     V6_12,
+    /// 6.12 LTS for arm64, under qemu's Arm emulation.
+    Arm64V6_12,
 }
 
 impl Kernel {
-    /// Every kernel, oldest first.
+    /// Every kernel: amd64 oldest first, then arm64.
     pub fn all() -> &'static [Kernel] {
-        &[Kernel::V6_1, Kernel::V6_12]
+        &[Kernel::V6_1, Kernel::V6_12, Kernel::Arm64V6_12]
+    }
+
+    /// The machine this kernel runs on.
+    pub fn arch(self) -> Arch {
+        match self {
+            Kernel::V6_1 | Kernel::V6_12 => Arch::Amd64,
+            Kernel::Arm64V6_12 => Arch::Arm64,
+        }
     }
 
     /// The Debian package this kernel comes from when the archive still has it.
@@ -79,24 +165,45 @@ impl Kernel {
         match self {
             Kernel::V6_1 => PACKAGE_6_1,
             Kernel::V6_12 => PACKAGE_6_12,
+            Kernel::Arm64V6_12 => PACKAGE_ARM64_6_12,
+        }
+    }
+
+    /// apt for this kernel's architecture.
+    fn apt(self, root: &Path) -> Result<Apt> {
+        match self.arch() {
+            Arch::Amd64 => Ok(Apt::host()),
+            Arch::Arm64 => Apt::arm64(root),
+        }
+    }
+
+    /// The `apt-cache search --names-only` pattern of this kernel's series.
+    fn search_pattern(self) -> String {
+        let arch = self.arch().debian();
+        match self {
+            Kernel::V6_1 => format!(r"^linux-image-6\.1\.0-[0-9]+-cloud-{arch}$"),
+            Kernel::V6_12 | Kernel::Arm64V6_12 => {
+                format!(r"^linux-image-6\.12\.[0-9]+.*-cloud-{arch}$")
+            }
         }
     }
 
     /// If `name` is a package of this kernel series (`linux-image-6.1.0-N-cloud-amd64`,
-    /// `linux-image-6.12.N+debM-cloud-amd64`), its ordering key: higher is newer.
+    /// `linux-image-6.12.N+debM-cloud-{amd64,arm64}`), its ordering key: higher is newer.
     fn package_key(self, name: &str) -> Option<u64> {
-        let (prefix, suffix) = match self {
-            Kernel::V6_1 => ("linux-image-6.1.0-", "-cloud-amd64"),
-            Kernel::V6_12 => ("linux-image-6.12.", "-cloud-amd64"),
+        let prefix = match self {
+            Kernel::V6_1 => "linux-image-6.1.0-",
+            Kernel::V6_12 | Kernel::Arm64V6_12 => "linux-image-6.12.",
         };
-        let middle = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
+        let suffix = format!("-cloud-{}", self.arch().debian());
+        let middle = name.strip_prefix(prefix)?.strip_suffix(suffix.as_str())?;
         let (number, rest) = match middle.find(|c: char| !c.is_ascii_digit()) {
             Some(i) => middle.split_at(i),
             None => (middle, ""),
         };
         let ok_rest = match self {
             Kernel::V6_1 => rest.is_empty(),
-            Kernel::V6_12 => rest.is_empty() || rest.starts_with("+deb"),
+            Kernel::V6_12 | Kernel::Arm64V6_12 => rest.is_empty() || rest.starts_with("+deb"),
         };
         if !ok_rest || rest.contains('-') {
             return None;
@@ -110,6 +217,7 @@ impl fmt::Display for Kernel {
         f.write_str(match self {
             Kernel::V6_1 => "6.1",
             Kernel::V6_12 => "6.12",
+            Kernel::Arm64V6_12 => "6.12-arm64",
         })
     }
 }
@@ -121,15 +229,17 @@ impl FromStr for Kernel {
         match s {
             "6.1" => Ok(Kernel::V6_1),
             "6.12" => Ok(Kernel::V6_12),
-            other => bail!("unknown kernel {other:?}: expected 6.1 or 6.12"),
+            "6.12-arm64" => Ok(Kernel::Arm64V6_12),
+            other => bail!("unknown kernel {other:?}: expected 6.1, 6.12 or 6.12-arm64"),
         }
     }
 }
 
-/// `cargo xtask vm [--kernel 6.1|6.12]... [--timeout SECS] -- <exe> [args...]`
+/// `cargo xtask vm [--kernel 6.1|6.12|6.12-arm64]... [--timeout SECS] -- <exe> [args...]`
 #[derive(clap::Args, Debug)]
 pub struct Options {
-    /// Kernel to boot (repeatable): 6.1 or 6.12. Default: all of them.
+    /// Kernel to boot (repeatable): 6.1, 6.12 or 6.12-arm64 (the executable must then be a
+    /// static arm64 one). Default: all of them.
     #[arg(long = "kernel", value_name = "VERSION")]
     kernels: Vec<Kernel>,
     /// Seconds a VM may run (boot, test, power-off) before it is killed.
@@ -150,7 +260,7 @@ pub struct Options {
     /// Also print the kernel console log of each VM.
     #[arg(long)]
     console: bool,
-    /// The test executable (built for this host) and its arguments.
+    /// The test executable (built for the kernels' architecture) and its arguments.
     #[arg(last = true, required = true, value_name = "EXE [ARGS]")]
     command: Vec<String>,
 }
@@ -176,7 +286,8 @@ fn parse_file_arg(s: &str) -> Result<(PathBuf, String), String> {
 pub struct VmRun<'a> {
     /// The kernel to boot.
     pub kernel: Kernel,
-    /// Host path of the test executable (an ELF for this host, or a `#!/bin/sh` script).
+    /// Host path of the test executable (an ELF for the kernel's architecture, static for
+    /// arm64, or a `#!/bin/sh` script).
     pub exe: &'a Path,
     /// Its arguments.
     pub args: &'a [String],
@@ -213,7 +324,17 @@ pub fn run(opts: &Options) -> Result<()> {
     let exe = PathBuf::from(exe);
     ensure!(exe.is_file(), "{} is not a file", exe.display());
     let kernels: Vec<Kernel> = if opts.kernels.is_empty() {
-        Kernel::all().to_vec()
+        // Every kernel that can run it: an executable runs on its own architecture's.
+        let mut head = Vec::new();
+        File::open(&exe)
+            .and_then(|f| f.take(64).read_to_end(&mut head))
+            .with_context(|| format!("failed to read {}", exe.display()))?;
+        let machine = elf_executable_machine(&head);
+        Kernel::all()
+            .iter()
+            .copied()
+            .filter(|k| machine.is_none_or(|m| m == k.arch().elf_machine()))
+            .collect()
     } else {
         let mut k = opts.kernels.clone();
         k.sort();
@@ -282,7 +403,8 @@ pub fn workspace_root() -> Result<PathBuf> {
         .with_context(|| format!("{} has no parent directory", manifest_dir.display()))
 }
 
-/// Checks for qemu and a static busybox; installs them with apt when root on Debian.
+/// Checks for qemu (both machines), a static busybox and the arm64 cross compiler; installs
+/// them with apt when root on Debian.
 pub fn ensure_prereqs() -> Result<()> {
     let mut missing = missing_prereqs();
     if missing.is_empty() {
@@ -321,8 +443,14 @@ pub fn ensure_prereqs() -> Result<()> {
 /// (Debian package, reason) for each missing prerequisite.
 fn missing_prereqs() -> Vec<(&'static str, String)> {
     let mut missing = Vec::new();
-    if find_in_path(QEMU).is_none() {
-        missing.push(("qemu-system-x86", format!("{QEMU} not found in PATH")));
+    for (package, program) in [
+        ("qemu-system-x86", Arch::Amd64.qemu()),
+        ("qemu-system-arm", Arch::Arm64.qemu()),
+        ("gcc-aarch64-linux-gnu", cross::GCC),
+    ] {
+        if find_in_path(program).is_none() {
+            missing.push((package, format!("{program} not found in PATH")));
+        }
     }
     match fs::read(BUSYBOX) {
         Ok(bytes) if elf_is_dynamic(&bytes) == Some(false) => {}
@@ -335,7 +463,7 @@ fn missing_prereqs() -> Vec<(&'static str, String)> {
     missing
 }
 
-fn is_root() -> Result<bool> {
+pub fn is_root() -> Result<bool> {
     let status =
         fs::read_to_string("/proc/self/status").context("failed to read /proc/self/status")?;
     euid_from_status(&status)
@@ -378,7 +506,7 @@ pub fn kernel_image(root: &Path, k: Kernel) -> Result<PathBuf> {
     let pid = std::process::id();
     let download = vm_dir.join(format!("download-{k}-{pid}"));
     let unpack = vm_dir.join(format!("unpack-{k}-{pid}"));
-    let result = download_and_unpack(k, &download, &unpack, &dir);
+    let result = download_and_unpack(root, k, &download, &unpack, &dir);
     // Best-effort: these are scratch directories.
     let _ = fs::remove_dir_all(&download);
     let _ = fs::remove_dir_all(&unpack);
@@ -386,14 +514,20 @@ pub fn kernel_image(root: &Path, k: Kernel) -> Result<PathBuf> {
     find_vmlinuz(&dir)
 }
 
-fn download_and_unpack(k: Kernel, download: &Path, unpack: &Path, dest: &Path) -> Result<()> {
+fn download_and_unpack(
+    root: &Path,
+    k: Kernel,
+    download: &Path,
+    unpack: &Path,
+    dest: &Path,
+) -> Result<()> {
     for d in [download, unpack] {
         if d.exists() {
             fs::remove_dir_all(d).with_context(|| format!("failed to remove {}", d.display()))?;
         }
         fs::create_dir_all(d).with_context(|| format!("failed to create {}", d.display()))?;
     }
-    let package = download_kernel_package(k, download)?;
+    let package = download_kernel_package(root, k, download)?;
     let deb = find_file(download, |name| name.ends_with(".deb"))?.with_context(|| {
         format!(
             "apt-get download {package} left no .deb in {}",
@@ -433,30 +567,14 @@ fn download_and_unpack(k: Kernel, download: &Path, unpack: &Path, dest: &Path) -
 
 /// Downloads the kernel's package into `dir` and returns its name: the pinned one, or the
 /// newest of the same series when the archive no longer has it.
-fn download_kernel_package(k: Kernel, dir: &Path) -> Result<String> {
-    let get = |package: &str| {
-        eprintln!("vm: apt-get download {package}");
-        exec::output(
-            Command::new("apt-get")
-                .args(["download", package])
-                .current_dir(dir),
-        )
-    };
+fn download_kernel_package(root: &Path, k: Kernel, dir: &Path) -> Result<String> {
+    let apt = k.apt(root)?;
     let pinned = k.package();
-    if get(pinned).is_ok() {
+    if apt.download_updating(pinned, dir).is_ok() {
         return Ok(pinned.to_owned());
     }
-    if is_root()? {
-        exec::run(Command::new("apt-get").arg("update"))?;
-        if get(pinned).is_ok() {
-            return Ok(pinned.to_owned());
-        }
-    }
-    let pattern = match k {
-        Kernel::V6_1 => r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64$",
-        Kernel::V6_12 => r"^linux-image-6\.12\.[0-9]+.*-cloud-amd64$",
-    };
-    let search = exec::output(Command::new("apt-cache").args(["search", "--names-only", pattern]))?;
+    let pattern = k.search_pattern();
+    let search = apt.search(&pattern)?;
     let newest = newest_package(k, &search).with_context(|| {
         format!(
             "{pinned} cannot be downloaded and apt has no other {k} cloud kernel \
@@ -464,7 +582,7 @@ fn download_kernel_package(k: Kernel, dir: &Path) -> Result<String> {
         )
     })?;
     eprintln!("vm: {pinned} is not in the archive any more; using {newest} instead");
-    get(&newest)?;
+    apt.download(&newest, dir)?;
     Ok(newest)
 }
 
@@ -573,7 +691,11 @@ pub fn run_in_vm(root: &Path, run: &VmRun) -> Result<VmOutcome> {
     let staging = Staging::create(root)?;
     let token = random_token()?;
     let initramfs = staging.dir.join("initramfs.cpio");
-    build_initramfs(run, &token, &initramfs)?;
+    let busybox = match run.kernel.arch() {
+        Arch::Amd64 => PathBuf::from(BUSYBOX),
+        Arch::Arm64 => cross::arm64_file(root, "busybox-static", BUSYBOX)?,
+    };
+    build_initramfs(run, &busybox, &token, &initramfs)?;
     exec::run(
         Command::new("gzip")
             .args(["-1", "-n", "-f"])
@@ -586,7 +708,9 @@ pub fn run_in_vm(root: &Path, run: &VmRun) -> Result<VmOutcome> {
     let qemu_log = staging.dir.join("qemu.log");
     let qemu_stderr = File::create(&qemu_log)
         .with_context(|| format!("failed to create {}", qemu_log.display()))?;
-    let mut cmd = Command::new(QEMU);
+    let arch = run.kernel.arch();
+    let qemu_binary = arch.qemu();
+    let mut cmd = Command::new(qemu_binary);
     cmd.args([
         "-accel",
         "tcg",
@@ -599,15 +723,17 @@ pub fn run_in_vm(root: &Path, run: &VmRun) -> Result<VmOutcome> {
     .args(["-smp", &run.cpus.to_string()])
     .arg("-chardev")
     .arg(chardev_file("console", &console_log)?)
-    .args(["-serial", "chardev:console"])
     .arg("-chardev")
     .arg(chardev_file("output", &output_log)?)
-    .args(["-serial", "chardev:output"])
+    .args(arch.qemu_machine_args())
     .arg("-kernel")
     .arg(&vmlinuz)
     .arg("-initrd")
     .arg(&initramfs)
-    .args(["-append", KERNEL_ARGS])
+    .args([
+        "-append",
+        &format!("console={} {KERNEL_ARGS}", arch.console()),
+    ])
     .stdin(Stdio::null())
     .stdout(Stdio::null())
     .stderr(qemu_stderr);
@@ -642,7 +768,7 @@ pub fn run_in_vm(root: &Path, run: &VmRun) -> Result<VmOutcome> {
     if !status.success() {
         let qemu_err = read_lossy(&qemu_log).unwrap_or_default();
         bail!(
-            "{QEMU} failed ({status}): {}\n--- last console lines ---\n{}",
+            "{qemu_binary} failed ({status}): {}\n--- last console lines ---\n{}",
             qemu_err.trim(),
             tail(&console, CONSOLE_TAIL)
         );
@@ -872,6 +998,18 @@ fn elf_is_dynamic(bytes: &[u8]) -> Option<bool> {
     Some(false)
 }
 
+/// `e_machine` of a 64-bit little-endian ELF executable or shared object (`ET_EXEC`,
+/// `ET_DYN`); `None` for anything else (a script, a kernel module, data).
+fn elf_executable_machine(bytes: &[u8]) -> Option<u16> {
+    const ET_EXEC: u16 = 2;
+    const ET_DYN: u16 = 3;
+    if bytes.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let u16_at = |at: usize| Some(u16::from_le_bytes(bytes.get(at..at + 2)?.try_into().ok()?));
+    matches!(u16_at(0x10)?, ET_EXEC | ET_DYN).then_some(u16_at(0x12)?)
+}
+
 /// An absolute guest path as a cpio name: no leading `/`, no `.`/`..`, not empty.
 fn guest_rel_path(guest: &str) -> Result<String> {
     let path = Path::new(guest);
@@ -927,12 +1065,13 @@ fn init_script(guest_exe: &str, run: &VmRun, token: &str) -> String {
         .map(sh_quote)
         .collect();
     let command = command.join(" ");
+    let out = run.kernel.arch().output_device();
     format!(
         r#"#!/bin/sh
 # Written by `cargo xtask vm`: pure cgroup v2 system, one test, power off.
 /bin/busybox --install -s
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
-out=/dev/ttyS1
+out={out}
 say() {{ echo "kpulse-vm init: $*"; [ -c $out ] && echo "kpulse-vm init: $*" > $out; }}
 die() {{ say "FATAL: $*"; poweroff -f; }}
 mount -t proc proc /proc || die "cannot mount proc"
@@ -1012,14 +1151,31 @@ impl Tree {
     }
 
     /// Adds the file at `host` as `guest`, with the libraries it needs if it is a dynamic ELF.
-    fn insert_program(&mut self, host: &Path, guest: &str) -> Result<()> {
+    /// An ELF executable must be built for `arch`, and statically for another architecture
+    /// than this host's (`ldd` only knows this host's libraries).
+    fn insert_program(&mut self, host: &Path, guest: &str, arch: Arch) -> Result<()> {
         let meta = fs::metadata(host).with_context(|| format!("cannot read {}", host.display()))?;
         ensure!(meta.is_file(), "{} is not a regular file", host.display());
         let mut head = Vec::new();
         File::open(host)
             .and_then(|f| f.take(64 * 1024).read_to_end(&mut head))
             .with_context(|| format!("failed to read {}", host.display()))?;
+        if let Some(machine) = elf_executable_machine(&head) {
+            ensure!(
+                machine == arch.elf_machine(),
+                "{} is an executable for ELF machine {machine}, not {} ({})",
+                host.display(),
+                arch.debian(),
+                arch.elf_machine()
+            );
+        }
         if elf_is_dynamic(&head) == Some(true) {
+            ensure!(
+                arch == Arch::Amd64,
+                "{} is dynamically linked: a {} VM needs a static executable",
+                host.display(),
+                arch.debian()
+            );
             let ldd = exec::output(Command::new("ldd").arg(host))?;
             let libs = parse_ldd(&ldd).with_context(|| format!("ldd {}", host.display()))?;
             for lib in libs {
@@ -1107,7 +1263,7 @@ fn pad4(len: usize) -> usize {
 }
 
 /// Writes the (uncompressed) initramfs for `run` to `path`.
-fn build_initramfs(run: &VmRun, token: &str, path: &Path) -> Result<()> {
+fn build_initramfs(run: &VmRun, busybox: &Path, token: &str, path: &Path) -> Result<()> {
     let exe_name = run
         .exe
         .file_name()
@@ -1133,7 +1289,7 @@ fn build_initramfs(run: &VmRun, token: &str, path: &Path) -> Result<()> {
         tree.insert(dir, Node::Dir)?;
     }
     tree.insert("/dev/console", Node::CharDev { major: 5, minor: 1 })?;
-    tree.insert(BUSYBOX, Node::File(PathBuf::from(BUSYBOX)))?;
+    tree.insert(BUSYBOX, Node::File(busybox.to_path_buf()))?;
     tree.insert("/bin/sh", Node::Symlink("busybox".into()))?;
     tree.insert(
         "/init",
@@ -1142,7 +1298,8 @@ fn build_initramfs(run: &VmRun, token: &str, path: &Path) -> Result<()> {
             mode: 0o755,
         },
     )?;
-    tree.insert_program(run.exe, &guest_exe)
+    let arch = run.kernel.arch();
+    tree.insert_program(run.exe, &guest_exe, arch)
         .with_context(|| format!("cannot add the test executable {}", run.exe.display()))?;
     for (host, guest) in run.extra_files {
         ensure!(
@@ -1152,7 +1309,7 @@ fn build_initramfs(run: &VmRun, token: &str, path: &Path) -> Result<()> {
             ),
             "extra file {guest} would replace the VM's own"
         );
-        tree.insert_program(host, guest)
+        tree.insert_program(host, guest, arch)
             .with_context(|| format!("cannot add extra file {} as {guest}", host.display()))?;
     }
 
@@ -1175,6 +1332,10 @@ mod tests {
         }
         assert_eq!("6.1".parse::<Kernel>().ok(), Some(Kernel::V6_1));
         assert_eq!("6.12".parse::<Kernel>().ok(), Some(Kernel::V6_12));
+        assert_eq!(
+            "6.12-arm64".parse::<Kernel>().ok(),
+            Some(Kernel::Arm64V6_12)
+        );
         assert!("6.6".parse::<Kernel>().is_err());
         assert!("".parse::<Kernel>().is_err());
         assert!("6.1.0".parse::<Kernel>().is_err());
@@ -1187,6 +1348,30 @@ mod tests {
         }
         assert_eq!(Kernel::V6_1.package_key(PACKAGE_6_12), None);
         assert_eq!(Kernel::V6_12.package_key(PACKAGE_6_1), None);
+        // The same release for the other architecture is another kernel.
+        assert_eq!(Kernel::V6_12.package_key(PACKAGE_ARM64_6_12), None);
+        assert_eq!(Kernel::Arm64V6_12.package_key(PACKAGE_6_12), None);
+        assert_eq!(
+            Kernel::Arm64V6_12.search_pattern(),
+            r"^linux-image-6\.12\.[0-9]+.*-cloud-arm64$"
+        );
+    }
+
+    #[test]
+    fn each_machine_has_its_console_and_output() {
+        let amd64 = Arch::Amd64.qemu_machine_args().join(" ");
+        assert_eq!(amd64, "-serial chardev:console -serial chardev:output");
+        let arm64 = Arch::Arm64.qemu_machine_args().join(" ");
+        assert!(
+            arm64.starts_with("-machine virt -cpu max,pauth-impdef=on "),
+            "{arm64}"
+        );
+        assert!(
+            arm64.ends_with("-device virtconsole,chardev=output"),
+            "{arm64}"
+        );
+        assert_eq!(Kernel::Arm64V6_12.arch().output_device(), "/dev/hvc0");
+        assert_eq!(Kernel::V6_1.arch().output_device(), "/dev/ttyS1");
     }
 
     #[test]
@@ -1199,6 +1384,7 @@ linux-image-6.1.0-60-cloud-amd64-unsigned - Linux 6.1 for x86-64 cloud
 linux-image-6.12.9+deb12-cloud-amd64 - Linux 6.12 for x86-64 cloud
 linux-image-6.12.117+deb12-cloud-amd64 - Linux 6.12 for x86-64 cloud
 linux-image-6.12.120+deb12-cloud-amd64-dbg - Debug symbols
+linux-image-6.12.118+deb12-cloud-arm64 - Linux 6.12 for arm64 cloud (signed)
 ";
         assert_eq!(
             newest_package(Kernel::V6_1, search).as_deref(),
@@ -1207,6 +1393,10 @@ linux-image-6.12.120+deb12-cloud-amd64-dbg - Debug symbols
         assert_eq!(
             newest_package(Kernel::V6_12, search).as_deref(),
             Some("linux-image-6.12.117+deb12-cloud-amd64")
+        );
+        assert_eq!(
+            newest_package(Kernel::Arm64V6_12, search).as_deref(),
+            Some("linux-image-6.12.118+deb12-cloud-arm64")
         );
         assert_eq!(newest_package(Kernel::V6_1, ""), None);
     }
@@ -1319,6 +1509,42 @@ linux-image-6.12.120+deb12-cloud-amd64-dbg - Debug symbols
         elf[0x40 + 56..0x44 + 56].copy_from_slice(&3u32.to_le_bytes()); // PT_INTERP
         assert_eq!(elf_is_dynamic(&elf), Some(true));
         assert_eq!(elf_is_dynamic(b"#!/bin/sh\n"), None);
+        // ET_DYN for x86-64, then ET_EXEC for aarch64; a relocatable object (a module) has none.
+        elf[0x10..0x12].copy_from_slice(&3u16.to_le_bytes());
+        elf[0x12..0x14].copy_from_slice(&62u16.to_le_bytes());
+        assert_eq!(
+            elf_executable_machine(&elf),
+            Some(Arch::Amd64.elf_machine())
+        );
+        elf[0x10..0x12].copy_from_slice(&2u16.to_le_bytes());
+        elf[0x12..0x14].copy_from_slice(&183u16.to_le_bytes());
+        assert_eq!(
+            elf_executable_machine(&elf),
+            Some(Arch::Arm64.elf_machine())
+        );
+        elf[0x10..0x12].copy_from_slice(&1u16.to_le_bytes());
+        assert_eq!(elf_executable_machine(&elf), None);
+        assert_eq!(elf_executable_machine(b"#!/bin/sh\n"), None);
+    }
+
+    #[test]
+    fn a_program_of_another_machine_is_refused() -> Result<()> {
+        let dir = std::env::temp_dir().join(format!("kpulse-vm-elf-{}", std::process::id()));
+        fs::create_dir_all(&dir)?;
+        let exe = dir.join("prog");
+        let mut elf = vec![0u8; 0x40];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[0x10..0x12].copy_from_slice(&2u16.to_le_bytes());
+        elf[0x12..0x14].copy_from_slice(&183u16.to_le_bytes());
+        fs::write(&exe, &elf)?;
+        let mut tree = Tree::default();
+        let refused = tree.insert_program(&exe, "/kpulse/prog", Arch::Amd64);
+        let accepted = tree.insert_program(&exe, "/kpulse/prog", Arch::Arm64);
+        fs::remove_dir_all(&dir)?;
+        let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("ELF machine 183, not amd64"), "{message}");
+        assert!(accepted.is_ok());
+        Ok(())
     }
 
     #[test]
@@ -1340,6 +1566,17 @@ linux-image-6.12.120+deb12-cloud-amd64-dbg - Debug symbols
         assert!(script.contains("'/kpulse/prog' '--flag' 'two words' < /dev/null > $out 2>&1\n"));
         assert!(script.contains("export KPULSE_IN_VM='1'\n"));
         assert!(script.contains("export KPULSE_VM_KERNEL='6.12'\n"));
+        assert!(script.contains("out=/dev/ttyS1\n"));
+        let arm64 = init_script(
+            "/kpulse/prog",
+            &VmRun {
+                kernel: Kernel::Arm64V6_12,
+                ..run.clone()
+            },
+            "tok",
+        );
+        assert!(arm64.contains("out=/dev/hvc0\n"));
+        assert!(arm64.contains("export KPULSE_VM_KERNEL='6.12-arm64'\n"));
         assert!(script.contains("export RUST_LOG='debug'\n"));
         assert!(script.contains("echo \"KPULSE-EXIT-tok-$code\" > $out\npoweroff -f\n"));
     }

@@ -12,8 +12,11 @@
 //! what was scraped here lingers for two resolutions (so that pods the agent has no rate
 //! for yet stay served) and is then dropped.
 //!
-//! Scrapes: when a node enters the fallback, then [`FIRST_INTERVAL`] later (the second
-//! point gives the first rate), then every `--metric-resolution`. At most
+//! Scrapes: when a node enters the fallback, then every [`FIRST_INTERVAL`] until its
+//! readings give a rate (two with different timestamps: a kubelet that serves cached stats,
+//! as 1.34's does, moves them only at its housekeeping, every 10–15 s), then every
+//! `--metric-resolution`; a kubelet whose last scrape failed, every `--metric-resolution`
+//! as metrics-server retries it. At most
 //! [`MAX_CONCURRENT`] at once, each within `--kubelet-request-timeout`; they run on their
 //! own tasks, so a slow kubelet delays nothing else. A kubelet that fails (refused, timed
 //! out, HTTP error, an answer over 8 MiB, text that does not parse) is logged at WARN and
@@ -243,9 +246,11 @@ pub fn unmeasured_pods(metadata: &StreamMetadata, store: &Store, node: &str) -> 
 /// One node in the fallback.
 struct Entry {
     why: Why,
-    next: Instant,
-    scrapes: u32,
+    /// When its last scrape started.
+    last: Option<Instant>,
     in_flight: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether its last scrape failed.
+    failed: Arc<std::sync::atomic::AtomicBool>,
     /// When the agent's data came back (the linger starts).
     agent_back: Option<Instant>,
 }
@@ -325,9 +330,9 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
                         name.clone(),
                         Entry {
                             why,
-                            next: now,
-                            scrapes: 0,
+                            last: None,
                             in_flight: flights.entry(name.clone()).or_default().clone(),
+                            failed: Arc::default(),
                             agent_back: None,
                         },
                     );
@@ -387,31 +392,47 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
         *fallback.stats.sources.lock() = sources;
         fallback.store.housekeep();
         for (name, e) in &mut fallen {
-            if e.agent_back.is_some() || e.next > now || e.in_flight.load(Ordering::Acquire) {
+            if e.agent_back.is_some() || e.in_flight.load(Ordering::Acquire) {
                 continue;
             }
+            let rate = fallback
+                .store
+                .node_metrics(&[name])
+                .first()
+                .is_some_and(Option::is_some);
+            let interval =
+                scrape_interval(rate, e.failed.load(Ordering::Acquire), settings.resolution);
+            if e.last.is_some_and(|t| now.duration_since(t) < interval) {
+                continue;
+            }
+            e.last = Some(now);
             e.in_flight.store(true, Ordering::Release);
-            e.next = now
-                + if e.scrapes == 0 {
-                    FIRST_INTERVAL
-                } else {
-                    settings.resolution
-                };
-            e.scrapes = e.scrapes.saturating_add(1);
             let task = Scrape {
                 node: name.clone(),
                 fallback: fallback.clone(),
                 inputs: inputs.clone(),
                 targets: targets.clone(),
             };
-            let (limit, in_flight) = (limit.clone(), e.in_flight.clone());
+            let (limit, in_flight, failed) = (limit.clone(), e.in_flight.clone(), e.failed.clone());
             tokio::spawn(async move {
                 if let Ok(_permit) = limit.acquire_owned().await {
-                    task.run().await;
+                    let ok = task.run().await;
+                    failed.store(!ok, Ordering::Release);
                 }
                 in_flight.store(false, Ordering::Release);
             });
         }
+    }
+}
+
+/// How long after its last scrape a node in the fallback is scraped again: every
+/// [`FIRST_INTERVAL`] until the kubelet's readings give a rate, every `resolution` after
+/// that, and after a failed scrape (as metrics-server retries a kubelet).
+fn scrape_interval(rate: bool, last_failed: bool, resolution: Duration) -> Duration {
+    if rate || last_failed {
+        resolution
+    } else {
+        FIRST_INTERVAL
     }
 }
 
@@ -424,7 +445,8 @@ struct Scrape {
 }
 
 impl Scrape {
-    async fn run(self) {
+    /// Scrapes, counts and logs; says whether the scrape succeeded.
+    async fn run(self) -> bool {
         let began = Instant::now();
         let result = self.scrape().await;
         let stats = &self.fallback.stats;
@@ -433,11 +455,15 @@ impl Scrape {
             Ordering::Relaxed,
         );
         match result {
-            Ok(()) => Stats::count(&stats.scrapes, "ok", 1),
+            Ok(()) => {
+                Stats::count(&stats.scrapes, "ok", 1);
+                true
+            }
             Err(e) => {
                 self.targets.lock().remove(&self.node);
                 Stats::count(&stats.scrapes, e.label(), 1);
                 tracing::warn!(node = %self.node, error = %e, "kubelet scrape failed; the node keeps what it had");
+                false
             }
         }
     }
@@ -556,6 +582,17 @@ impl Scrape {
 mod tests {
     use super::*;
     use kpulse_wire::{Bytes, CpuNanos};
+
+    #[test]
+    fn a_node_is_scraped_often_only_until_it_has_a_rate() {
+        let resolution = Duration::from_secs(15);
+        // A kubelet serving cached stats repeats its timestamps: scrape again soon.
+        assert_eq!(scrape_interval(false, false, resolution), FIRST_INTERVAL);
+        assert_eq!(scrape_interval(true, false, resolution), resolution);
+        // A failing kubelet is not hammered.
+        assert_eq!(scrape_interval(false, true, resolution), resolution);
+        assert_eq!(scrape_interval(true, true, resolution), resolution);
+    }
 
     fn meta(name: &str) -> kpulse_wire::stream::PodMeta {
         kpulse_wire::stream::PodMeta {

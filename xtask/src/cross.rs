@@ -2,16 +2,18 @@
 //! `aarch64-unknown-linux-gnu`.
 //!
 //! - **Packages** ([`Apt`]): apt with a configuration of its own under
-//!   `target/cross/apt-arm64/` (its own sources, lists, cache, `APT::Architecture "arm64"`)
-//!   downloads arm64 packages (the VM's kernel, busybox) for `dpkg-deb -x`. The host's dpkg
+//!   `target/cross/apt-arm64/` (its own sources, lists, cache, `APT::Architecture "arm64"`;
+//!   the host's `apt.conf.d`, so its proxy and retry settings hold) downloads arm64 packages
+//!   (the VM's kernel, busybox) for `dpkg-deb -x`. The host's dpkg
 //!   never learns of arm64 (no `dpkg --add-architecture`) and the host's apt lock is not taken.
 //! - **Rust** ([`build`]): rustup's toolchains have no aarch64 standard library and cannot
 //!   download one, so the build uses the eBPF build's Debian rustc 1.96 pair with its library
 //!   source and `-Z build-std`, linked by Debian's `aarch64-linux-gnu-gcc`, statically
 //!   (`+crt-static`: the executables need nothing from a guest but its kernel). It runs with
-//!   a cleared environment (`env -i` and an explicit `PATH`): rustup's variables
-//!   (`RUSTUP_TOOLCHAIN`, `CARGO`, `RUSTC`) would otherwise send part of it back to rustup's
-//!   toolchain. Its own target directory, `target/aarch64/`.
+//!   a cleared environment and an explicit `PATH`, keeping only what reaching crates.io
+//!   needs ([`KEPT_ENV`]: proxies, CA files, cargo's network and registry settings, `TMPDIR`):
+//!   rustup's variables (`RUSTUP_TOOLCHAIN`, `CARGO`, `RUSTC`) would otherwise send part of
+//!   it back to rustup's toolchain. Its own target directory, `target/aarch64/`.
 //!
 //! docs/design/toolchain.md says how this was found and what each piece costs.
 
@@ -31,6 +33,9 @@ pub const TARGET: &str = "aarch64-unknown-linux-gnu";
 /// compiler of crates with C code.
 pub const GCC: &str = "aarch64-linux-gnu-gcc";
 const AR: &str = "aarch64-linux-gnu-ar";
+/// The static C library of Debian's `libc6-dev-arm64-cross` (only recommended by the
+/// compiler's package): what `+crt-static` links.
+pub const LIBC: &str = "/usr/aarch64-linux-gnu/lib/libc.a";
 /// The crates built optimised in the dev profile: Arm emulated on x86-64 runs about 30
 /// times slower than this host, and a debug agent took 22 s there to load its eBPF object
 /// (0.8 s here), longer than the tests' liveness bounds. These are what loading spends its
@@ -70,7 +75,6 @@ impl Apt {
         for sub in [
             "lists/partial",
             "archives/partial",
-            "etc/apt.conf.d",
             "etc/preferences.d",
             "etc/sources.list.d",
         ] {
@@ -98,7 +102,7 @@ impl Apt {
              Dir::Cache::Archives \"{d}/archives\";\n\
              Dir::Etc::SourceList \"{d}/etc/sources.list\";\n\
              Dir::Etc::SourceParts \"{d}/etc/sources.list.d\";\n\
-             Dir::Etc::Parts \"{d}/etc/apt.conf.d\";\n\
+             Dir::Etc::Parts \"/etc/apt/apt.conf.d\";\n\
              Dir::Etc::Preferences \"{d}/etc/preferences\";\n\
              Dir::Etc::PreferencesParts \"{d}/etc/preferences.d\";\n"
         );
@@ -286,6 +290,31 @@ fn artifacts(json_lines: &str) -> Built {
     built
 }
 
+/// Variables the cross build keeps from this environment (`*` ends a prefix): the network
+/// (`-Z build-std` fetches std's dependencies from crates.io), nothing of any toolchain.
+const KEPT_ENV: [&str; 12] = [
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "TMPDIR",
+    "CARGO_HTTP_*",
+    "CARGO_NET_*",
+    "CARGO_REGISTRIES_*",
+];
+
+/// Whether the cross build keeps the variable `name` (see [`KEPT_ENV`]).
+fn kept(name: &str) -> bool {
+    KEPT_ENV.iter().any(|k| match k.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == *k,
+    })
+}
+
 /// Debian's cargo `subcommand` for [`TARGET`], in a cleared environment (see the module
 /// docs).
 fn cross_cargo(root: &Path, subcommand: &str) -> Command {
@@ -297,6 +326,7 @@ fn cross_cargo(root: &Path, subcommand: &str) -> Command {
     let cc_env = TARGET.replace('-', "_");
     let mut cmd = Command::new(CARGO);
     cmd.env_clear()
+        .envs(std::env::vars_os().filter(|(k, _)| k.to_str().is_some_and(kept)))
         .current_dir(root)
         .env("PATH", "/usr/bin:/bin")
         .env("HOME", &home)
@@ -338,6 +368,27 @@ mod tests {
         );
         assert_eq!(codename("ID=debian\n"), None);
         assert_eq!(codename("VERSION_CODENAME=\n"), None);
+    }
+
+    #[test]
+    fn the_build_keeps_the_network_and_no_toolchain() {
+        for name in [
+            "https_proxy",
+            "NO_PROXY",
+            "SSL_CERT_FILE",
+            "CARGO_HTTP_TIMEOUT",
+        ] {
+            assert!(kept(name), "{name}");
+        }
+        for name in [
+            "RUSTUP_TOOLCHAIN",
+            "CARGO",
+            "RUSTC",
+            "RUSTFLAGS",
+            "CARGO_BUILD_TARGET",
+        ] {
+            assert!(!kept(name), "{name}");
+        }
     }
 
     #[test]

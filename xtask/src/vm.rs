@@ -324,16 +324,20 @@ pub fn run(opts: &Options) -> Result<()> {
     let exe = PathBuf::from(exe);
     ensure!(exe.is_file(), "{} is not a file", exe.display());
     let kernels: Vec<Kernel> = if opts.kernels.is_empty() {
-        // Every kernel that can run it: an executable runs on its own architecture's.
+        // The kernels of the executable's architecture; this host's for a script.
         let mut head = Vec::new();
         File::open(&exe)
             .and_then(|f| f.take(64).read_to_end(&mut head))
             .with_context(|| format!("failed to read {}", exe.display()))?;
-        let machine = elf_executable_machine(&head);
+        let arch = if elf_executable_machine(&head) == Some(Arch::Arm64.elf_machine()) {
+            Arch::Arm64
+        } else {
+            Arch::Amd64
+        };
         Kernel::all()
             .iter()
             .copied()
-            .filter(|k| machine.is_none_or(|m| m == k.arch().elf_machine()))
+            .filter(|k| k.arch() == arch)
             .collect()
     } else {
         let mut k = opts.kernels.clone();
@@ -341,7 +345,9 @@ pub fn run(opts: &Options) -> Result<()> {
         k.dedup();
         k
     };
-    ensure_prereqs()?;
+    let mut arches: Vec<Arch> = kernels.iter().map(|k| k.arch()).collect();
+    arches.dedup();
+    ensure_prereqs(&arches)?;
 
     let mut failures = Vec::new();
     for &kernel in &kernels {
@@ -403,10 +409,11 @@ pub fn workspace_root() -> Result<PathBuf> {
         .with_context(|| format!("{} has no parent directory", manifest_dir.display()))
 }
 
-/// Checks for qemu (both machines), a static busybox and the arm64 cross compiler; installs
-/// them with apt when root on Debian.
-pub fn ensure_prereqs() -> Result<()> {
-    let mut missing = missing_prereqs();
+/// Checks for what VMs of `arches` need (qemu for each; a static busybox; for arm64 the
+/// cross compiler and C library its executables are linked with); installs them with apt
+/// when root on Debian.
+pub fn ensure_prereqs(arches: &[Arch]) -> Result<()> {
+    let mut missing = missing_prereqs(arches);
     if missing.is_empty() {
         return Ok(());
     }
@@ -432,7 +439,7 @@ pub fn ensure_prereqs() -> Result<()> {
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
     .with_context(|| format!("{fix} failed"))?;
-    missing = missing_prereqs();
+    missing = missing_prereqs(arches);
     if !missing.is_empty() {
         let why: Vec<&str> = missing.iter().map(|(_, why)| why.as_str()).collect();
         bail!("still missing after {fix}: {}", why.join("; "));
@@ -440,16 +447,28 @@ pub fn ensure_prereqs() -> Result<()> {
     Ok(())
 }
 
-/// (Debian package, reason) for each missing prerequisite.
-fn missing_prereqs() -> Vec<(&'static str, String)> {
+/// (Debian package, reason) for each missing prerequisite of VMs of `arches`.
+fn missing_prereqs(arches: &[Arch]) -> Vec<(&'static str, String)> {
     let mut missing = Vec::new();
-    for (package, program) in [
-        ("qemu-system-x86", Arch::Amd64.qemu()),
-        ("qemu-system-arm", Arch::Arm64.qemu()),
-        ("gcc-aarch64-linux-gnu", cross::GCC),
-    ] {
-        if find_in_path(program).is_none() {
-            missing.push((package, format!("{program} not found in PATH")));
+    for &arch in arches {
+        let package = match arch {
+            Arch::Amd64 => "qemu-system-x86",
+            Arch::Arm64 => "qemu-system-arm",
+        };
+        if find_in_path(arch.qemu()).is_none() {
+            missing.push((package, format!("{} not found in PATH", arch.qemu())));
+        }
+    }
+    if arches.contains(&Arch::Arm64) {
+        if find_in_path(cross::GCC).is_none() {
+            missing.push((
+                "gcc-aarch64-linux-gnu",
+                format!("{} not found in PATH", cross::GCC),
+            ));
+        }
+        // Only recommended by the compiler's package; the static link needs it.
+        if !Path::new(cross::LIBC).is_file() {
+            missing.push(("libc6-dev-arm64-cross", format!("no {}", cross::LIBC)));
         }
     }
     match fs::read(BUSYBOX) {

@@ -13,10 +13,11 @@
 //! for yet stay served) and is then dropped.
 //!
 //! Scrapes: when a node enters the fallback, then every [`FIRST_INTERVAL`] until its
-//! readings give a rate (two with different timestamps: a kubelet that serves cached stats,
-//! as 1.34's does, moves them only at its housekeeping, every 10–15 s), then every
-//! `--metric-resolution`; a kubelet whose last scrape failed, every `--metric-resolution`
-//! as metrics-server retries it. At most
+//! readings give the node and its pods a rate (two with different timestamps: a kubelet that
+//! serves cached stats, as 1.34's does, moves them only at its housekeeping, every 10–15 s)
+//! but for at most [`FAST_RESOLUTIONS`] resolutions, then every `--metric-resolution`; a
+//! kubelet whose last scrape failed, every `--metric-resolution` as metrics-server retries
+//! it. At most
 //! [`MAX_CONCURRENT`] at once, each within `--kubelet-request-timeout`; they run on their
 //! own tasks, so a slow kubelet delays nothing else. A kubelet that fails (refused, timed
 //! out, HTTP error, an answer over 8 MiB, text that does not parse) is logged at WARN and
@@ -59,13 +60,20 @@ use crate::{
     store::{Store, StoreConfig, WindowMode},
 };
 
-/// The second scrape of a node that entered the fallback, after its first: a rate needs
-/// two points, and a node should not wait a whole resolution for its first. 5 s: within
-/// the 10 s `--metric-expiry` for which an agent that has just stopped is still served,
-/// so a crashed agent's node is served again about as soon as its data ends. The first
-/// rate is then over those 5 s (the served `window` says so); later ones over
-/// `--metric-resolution`, as metrics-server's.
+/// How often a node that entered the fallback is scraped until the kubelet's readings give
+/// it and its pods a rate (for at most [`FAST_RESOLUTIONS`] resolutions): a rate needs two
+/// readings with different timestamps, and a node should not wait a whole resolution for
+/// its first. 5 s: within the 10 s `--metric-expiry` for which an agent that has just
+/// stopped is still served, so a crashed agent's node is served again about as soon as its
+/// data ends where the kubelet reads stats on demand (1.37); a kubelet serving cached
+/// stats (1.34) moves them at its housekeeping, 10–15 s. The first rate is then over those
+/// seconds (the served `window` says so); later ones over `--metric-resolution`, as
+/// metrics-server's.
 pub const FIRST_INTERVAL: Duration = Duration::from_secs(5);
+/// How many resolutions after entering the fallback a node may be scraped every
+/// [`FIRST_INTERVAL`]: a kubelet whose readings never give a rate (a stuck housekeeping,
+/// a clock far behind) is then scraped as metrics-server scrapes it.
+pub const FAST_RESOLUTIONS: u32 = 2;
 /// Scrapes in flight at most.
 pub const MAX_CONCURRENT: usize = 128;
 /// How long after this replica starts a node whose agent pod is Ready but whose agent has
@@ -89,7 +97,8 @@ type Targets = Mutex<HashMap<String, (String, u16, Instant)>>;
 pub enum Why {
     /// No Ready agent pod runs there.
     NoReadyAgent,
-    /// Its agent is Ready but has not streamed for longer than `--metric-expiry`.
+    /// Its agent is Ready but its data is not servable: older than `--metric-expiry`, or
+    /// never sent to this replica within [`AGENT_GRACE`] of its start.
     AgentSilent,
     /// Its agent serves the node but reports pods it cannot measure (their metadata
     /// without their counters: a VM sandbox, whose containers' cgroups are in the guest);
@@ -101,7 +110,9 @@ impl Why {
     fn text(self) -> &'static str {
         match self {
             Why::NoReadyAgent => "no Ready agent pod on the node",
-            Why::AgentSilent => "its agent has sent nothing for longer than --metric-expiry",
+            Why::AgentSilent => {
+                "its agent's data is not servable (older than --metric-expiry, or none)"
+            }
             Why::IncompletePods => "its agent reports pods it cannot measure",
         }
     }
@@ -246,6 +257,8 @@ pub fn unmeasured_pods(metadata: &StreamMetadata, store: &Store, node: &str) -> 
 /// One node in the fallback.
 struct Entry {
     why: Why,
+    /// When it entered the fallback.
+    entered: Instant,
     /// When its last scrape started.
     last: Option<Instant>,
     in_flight: Arc<std::sync::atomic::AtomicBool>,
@@ -326,12 +339,19 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
                         reason = why.text(),
                         "serving the node from its kubelet"
                     );
+                    let in_flight = flights.entry(name.clone()).or_default().clone();
+                    // What a late scrape of an earlier entry left is no reading of this one.
+                    if !in_flight.load(Ordering::Acquire) {
+                        fallback.store.remove_node(name);
+                        fallback.metadata.remove_node(name);
+                    }
                     fallen.insert(
                         name.clone(),
                         Entry {
                             why,
+                            entered: now,
                             last: None,
-                            in_flight: flights.entry(name.clone()).or_default().clone(),
+                            in_flight,
                             failed: Arc::default(),
                             agent_back: None,
                         },
@@ -395,13 +415,19 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
             if e.agent_back.is_some() || e.in_flight.load(Ordering::Acquire) {
                 continue;
             }
+            // The node and every pod the kubelet named have a rate.
             let rate = fallback
                 .store
                 .node_metrics(&[name])
                 .first()
-                .is_some_and(Option::is_some);
-            let interval =
-                scrape_interval(rate, e.failed.load(Ordering::Acquire), settings.resolution);
+                .is_some_and(Option::is_some)
+                && unmeasured_pods(&fallback.metadata, &fallback.store, name) == 0;
+            let interval = scrape_interval(
+                rate,
+                e.failed.load(Ordering::Acquire),
+                now.duration_since(e.entered),
+                settings.resolution,
+            );
             if e.last.is_some_and(|t| now.duration_since(t) < interval) {
                 continue;
             }
@@ -426,13 +452,19 @@ pub async fn run(fallback: Arc<Fallback>, inputs: Inputs) {
 }
 
 /// How long after its last scrape a node in the fallback is scraped again: every
-/// [`FIRST_INTERVAL`] until the kubelet's readings give a rate, every `resolution` after
-/// that, and after a failed scrape (as metrics-server retries a kubelet).
-fn scrape_interval(rate: bool, last_failed: bool, resolution: Duration) -> Duration {
-    if rate || last_failed {
-        resolution
+/// [`FIRST_INTERVAL`] while the node or one of its pods has no `rate` yet, the last scrape
+/// succeeded, and it entered less than [`FAST_RESOLUTIONS`] ago; every `resolution`
+/// otherwise (a failing kubelet is retried as metrics-server retries it, never hammered).
+fn scrape_interval(
+    rate: bool,
+    last_failed: bool,
+    since_entry: Duration,
+    resolution: Duration,
+) -> Duration {
+    if !rate && !last_failed && since_entry < resolution * FAST_RESOLUTIONS {
+        FIRST_INTERVAL.min(resolution)
     } else {
-        FIRST_INTERVAL
+        resolution
     }
 }
 
@@ -585,13 +617,17 @@ mod tests {
 
     #[test]
     fn a_node_is_scraped_often_only_until_it_has_a_rate() {
-        let resolution = Duration::from_secs(15);
-        // A kubelet serving cached stats repeats its timestamps: scrape again soon.
-        assert_eq!(scrape_interval(false, false, resolution), FIRST_INTERVAL);
-        assert_eq!(scrape_interval(true, false, resolution), resolution);
-        // A failing kubelet is not hammered.
-        assert_eq!(scrape_interval(false, true, resolution), resolution);
-        assert_eq!(scrape_interval(true, true, resolution), resolution);
+        let res = Duration::from_secs(15);
+        let s = Duration::from_secs;
+        // A kubelet serving cached stats repeats its timestamps: scrape again soon...
+        assert_eq!(scrape_interval(false, false, s(0), res), FIRST_INTERVAL);
+        assert_eq!(scrape_interval(false, false, s(29), res), FIRST_INTERVAL);
+        // ...but not for ever, never after a failure, and not once there is a rate.
+        assert_eq!(scrape_interval(false, false, s(30), res), res);
+        assert_eq!(scrape_interval(false, true, s(0), res), res);
+        assert_eq!(scrape_interval(true, false, s(0), res), res);
+        // Never slower than the resolution asked for.
+        assert_eq!(scrape_interval(false, false, s(0), s(3)), s(3));
     }
 
     fn meta(name: &str) -> kpulse_wire::stream::PodMeta {

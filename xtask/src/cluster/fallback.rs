@@ -645,10 +645,12 @@ pub(super) fn agent_crashloop(ctx: &Ctx<'_>) -> Result<String> {
     let stop = AtomicBool::new(false);
     let mut restarts = Vec::new();
     let seen = thread::scope(|scope| -> Result<Vec<Seen>> {
-        let r = scope.spawn(|| reader(ctx, &node, &expected, &phase, &stop, 1));
+        // One phase per kill: each gap is told with its kill.
+        let r = scope.spawn(|| reader(ctx, &node, &expected, &phase, &stop, 3));
         let run = (|| -> Result<()> {
             for kill in 0..3 {
                 wait_source(ctx, &node, "agent", Duration::from_secs(120))?;
+                phase.store(kill, Ordering::Relaxed);
                 let (id, restarts_before) = agent_container(ctx)?.context("no agent container")?;
                 let pid = container_pid(ctx, &id)?;
                 let t = Instant::now();
@@ -693,12 +695,18 @@ pub(super) fn agent_crashloop(ctx: &Ctx<'_>) -> Result<String> {
             .map_err(|_| anyhow::anyhow!("the reader panicked"))?;
         run.map(|()| seen)
     })?;
-    let s = &seen[0];
     let scrapes = kubelet_scrapes_ok(ctx)? - scrapes_before;
+    let phases: Vec<String> = seen
+        .iter()
+        .enumerate()
+        .map(|(i, s)| s.describe(&format!("from kill {}", i + 1)))
+        .collect();
+    let node_gap = seen.iter().map(|s| s.node_gap).max().unwrap_or_default();
     let text = format!(
-        "{}; {scrapes:.0} kubelet scrapes served; {}",
+        "{}; {scrapes:.0} kubelet scrapes served; longest node gap {:.1} s; {}",
         restarts.join(", "),
-        s.describe("crash loop")
+        node_gap.as_secs_f64(),
+        phases.join("; ")
     );
     // The fallback needs two kubelet readings with different timestamps: 5 s after it
     // starts where the kubelet reads stats on demand (1.37), up to its housekeeping interval
@@ -706,7 +714,7 @@ pub(super) fn agent_crashloop(ctx: &Ctx<'_>) -> Result<String> {
     // 10 s. So the node may be missing for a few seconds, bounded here. On this one-node
     // cluster a missing node also fails every replica's `metric-storage-ready`, so reads fail
     // meanwhile: they are stated, not asserted (a cluster with other nodes stays ready).
-    if s.node_gap > Duration::from_secs(20) {
+    if node_gap > Duration::from_secs(20) {
         bail!("the node's data was gone longer than the fallback needs: {text}");
     }
     // Every kill leaves the agent pod not Ready for a while (the restart, then the readiness

@@ -1204,6 +1204,42 @@ fn elf_section_names(data: &[u8]) -> Result<Vec<String>> {
 mod tests {
     use super::*;
 
+    /// The Containerfile builds the eBPF object inside the image with this module's toolchain
+    /// and flags: the same Debian packages, bpf-linker, target and rust flags.
+    #[test]
+    fn the_containerfile_builds_the_object_as_build_ebpf_does() {
+        let root = workspace_root();
+        let containerfile = fs::read_to_string(root.join("Containerfile")).expect("Containerfile");
+        let script = fs::read_to_string(root.join("images/build.sh")).expect("images/build.sh");
+        for piece in Piece::BUILD {
+            for (pkg, upstream) in piece.apt_packages() {
+                let epoch = if *pkg == "llvm-22-dev" { "1:" } else { "" };
+                let pinned = format!("'{pkg}={epoch}{upstream}*'");
+                assert!(
+                    containerfile.contains(&pinned),
+                    "Containerfile lacks {pinned}"
+                );
+            }
+        }
+        assert!(containerfile.contains(&format!(
+            "cargo install --locked bpf-linker --version {BPF_LINKER_VERSION} \
+             --no-default-features --features llvm-{LLVM_MAJOR}"
+        )));
+        assert!(containerfile.contains(&format!("LLVM_PREFIX=/usr/lib/llvm-{LLVM_MAJOR}")));
+        // The script's flags, with its `\037` separators as the build's `\x1f`.
+        let flags = script
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("CARGO_ENCODED_RUSTFLAGS=\""))
+            .and_then(|rest| rest.split_once("\" \\").map(|(flags, _)| flags))
+            .expect("images/build.sh sets CARGO_ENCODED_RUSTFLAGS");
+        assert_eq!(
+            flags.replace("${sep}", "\x1f").replace("\\\"", "\""),
+            encoded_rustflags()
+        );
+        assert!(script.contains(&format!("-Z build-std=core --target {TARGET}")));
+        assert!(script.contains(&format!("{TARGET}/release/{ARTIFACT}\"")));
+    }
+
     const RUSTC_VV: &str = "rustc 1.96.0 (ac68faa20 2026-05-25) (built from a source tarball)
 binary: rustc
 commit-hash: ac68faa20c58cbccd01ee7208bf3b6e93a7d7f96

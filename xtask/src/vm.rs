@@ -70,6 +70,32 @@ impl Arch {
         }
     }
 
+    /// The architecture of Debian's (and OCI's) name `name`.
+    pub fn from_debian(name: &str) -> Result<Arch> {
+        match name {
+            "amd64" => Ok(Arch::Amd64),
+            "arm64" => Ok(Arch::Arm64),
+            other => bail!("no architecture {other:?}: amd64 or arm64"),
+        }
+    }
+
+    /// The architecture of this machine (and of this executable).
+    pub fn host() -> Arch {
+        if cfg!(target_arch = "aarch64") {
+            Arch::Arm64
+        } else {
+            Arch::Amd64
+        }
+    }
+
+    /// qemu's user-mode emulator of this architecture (Debian's `qemu-user`).
+    pub fn qemu_user(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "qemu-x86_64",
+            Arch::Arm64 => "qemu-aarch64",
+        }
+    }
+
     /// The qemu binary (TCG only, see the module docs).
     fn qemu(self) -> &'static str {
         match self {
@@ -79,7 +105,7 @@ impl Arch {
     }
 
     /// `e_machine` of this architecture's ELF files.
-    fn elf_machine(self) -> u16 {
+    pub fn elf_machine(self) -> u16 {
         match self {
             Arch::Amd64 => 62,
             Arch::Arm64 => 183,
@@ -1019,6 +1045,20 @@ fn elf_is_dynamic(bytes: &[u8]) -> Option<bool> {
 
 /// `e_machine` of a 64-bit little-endian ELF executable or shared object (`ET_EXEC`,
 /// `ET_DYN`); `None` for anything else (a script, a kernel module, data).
+/// `e_machine` of the ELF executable at `path`; an error if it is not one.
+pub fn elf_machine_of(path: &Path) -> Result<u16> {
+    let mut head = Vec::new();
+    File::open(path)
+        .and_then(|f| f.take(64).read_to_end(&mut head))
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    elf_executable_machine(&head).with_context(|| {
+        format!(
+            "{} is not a 64-bit little-endian ELF executable",
+            path.display()
+        )
+    })
+}
+
 fn elf_executable_machine(bytes: &[u8]) -> Option<u16> {
     const ET_EXEC: u16 = 2;
     const ET_DYN: u16 = 3;

@@ -1945,83 +1945,106 @@ fn flags_are_the_binaries_own() {
         .unwrap_or_else(|e| panic!("kpulse-agent {args:?}: {e}"));
 }
 
-/// `FROM` lines, `USER` and `ENTRYPOINT` of a Containerfile's stages.
-fn containerfile(path: &str) -> (Vec<String>, Vec<String>, String) {
-    let text = fs::read_to_string(repo().join(path)).expect(path);
-    let mut from = Vec::new();
-    let mut user = Vec::new();
-    let mut entrypoint = String::new();
+/// One stage of the Containerfile: its `FROM` line (after `FROM `), `USER`s and `ENTRYPOINT`.
+#[derive(Debug, Default)]
+struct Stage {
+    from: String,
+    users: Vec<String>,
+    entrypoint: String,
+}
+
+/// The Containerfile's stages by name (`AS <name>`).
+fn containerfile_stages() -> BTreeMap<String, Stage> {
+    let text = fs::read_to_string(repo().join("Containerfile")).expect("Containerfile");
+    let mut stages = BTreeMap::new();
+    let mut current: Option<(String, Stage)> = None;
     for line in text.lines().map(str::trim) {
         if let Some(rest) = line.strip_prefix("FROM ") {
-            from.push(rest.to_string());
-            user.clear();
-            entrypoint.clear();
-        } else if let Some(rest) = line.strip_prefix("USER ") {
-            user.push(rest.to_string());
-        } else if let Some(rest) = line.strip_prefix("ENTRYPOINT ") {
-            entrypoint = rest.to_string();
+            if let Some((name, stage)) = current.take() {
+                stages.insert(name, stage);
+            }
+            let (from, name) = rest.rsplit_once(" AS ").expect("every stage is named");
+            current = Some((
+                name.trim().to_string(),
+                Stage {
+                    from: from.trim().to_string(),
+                    ..Stage::default()
+                },
+            ));
+        } else if let Some((_, stage)) = current.as_mut() {
+            if let Some(rest) = line.strip_prefix("USER ") {
+                stage.users.push(rest.to_string());
+            } else if let Some(rest) = line.strip_prefix("ENTRYPOINT ") {
+                stage.entrypoint = rest.to_string();
+            }
         }
     }
-    (from, user, entrypoint)
+    if let Some((name, stage)) = current {
+        stages.insert(name, stage);
+    }
+    stages
 }
 
 #[test]
-fn containerfiles_match_the_toolchain_and_the_pods() {
-    let toolchain = fs::read_to_string(repo().join("rust-toolchain.toml")).expect("toolchain");
-    let channel = toolchain
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("channel = "))
-        .expect("channel")
-        .trim_matches('"')
-        .to_string();
+fn the_containerfile_builds_both_images_from_the_repository_alone() {
+    let stages = containerfile_stages();
+    assert_eq!(
+        stages.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["agent", "aggregator-api", "build", "toolchain"]
+    );
+    // The toolchain runs on the build machine and cross-compiles: one toolchain, every target.
+    assert_eq!(
+        stages["toolchain"].from,
+        "--platform=$BUILDPLATFORM docker.io/library/debian:bookworm"
+    );
+    assert_eq!(stages["build"].from, "toolchain");
     let docs = &fixture().base;
-    let d = server(docs);
-    let server_uid = pod_spec_of_deployment(&d)
+    let server_uid = pod_spec_of_deployment(&server(docs))
         .security_context
         .as_ref()
         .and_then(|s| s.run_as_user)
         .expect("uid");
-    for (path, bin, user) in [
+    for (stage, runtime, user) in [
         (
-            "aggregator-api/Containerfile",
-            "kpulse-aggregator-api",
+            "aggregator-api",
+            "--platform=$TARGETPLATFORM gcr.io/distroless/cc-debian12:nonroot",
             Some(format!("{server_uid}:{server_uid}")),
         ),
-        ("agent/Containerfile", "kpulse-agent", None),
+        (
+            "agent",
+            "--platform=$TARGETPLATFORM gcr.io/distroless/cc-debian12",
+            None,
+        ),
     ] {
-        let (from, users, entrypoint) = containerfile(path);
-        assert_eq!(from.len(), 2, "{path}: a build and a runtime stage");
+        let s = &stages[stage];
+        assert_eq!(s.from, runtime, "{stage}: runtime image");
+        assert_eq!(s.users.last().cloned(), user, "{stage}: USER");
         assert_eq!(
-            from[0],
-            format!("docker.io/library/rust:{channel}-bookworm AS build"),
-            "{path}: the builder is the pinned toolchain on Debian 12"
-        );
-        assert!(
-            from[1].starts_with("gcr.io/distroless/cc-debian12"),
-            "{path}: runtime {}",
-            from[1]
-        );
-        assert_eq!(
-            users.last().cloned(),
-            user,
-            "{path}: USER of the runtime stage"
-        );
-        assert_eq!(
-            entrypoint,
-            format!("[\"/usr/local/bin/{bin}\"]"),
-            "{path}: ENTRYPOINT"
+            s.entrypoint,
+            format!("[\"/usr/local/bin/kpulse-{stage}\"]"),
+            "{stage}: ENTRYPOINT"
         );
     }
-    // The agent's image embeds the eBPF object built by `cargo xtask build-ebpf --release`.
-    let agent_cf = fs::read_to_string(repo().join("agent/Containerfile")).expect("read");
-    assert!(agent_cf.contains("COPY target/ebpf/kpulse.bpf.o "));
-    assert!(agent_cf.contains("KPULSE_EBPF_OBJECT="));
+    // Nothing of the host: no target/ in the context, and nothing copied from it.
+    let text = fs::read_to_string(repo().join("Containerfile")).expect("Containerfile");
+    assert!(
+        !text.contains("COPY target"),
+        "a host artefact is copied in"
+    );
     let ignore = fs::read_to_string(repo().join(".dockerignore")).expect(".dockerignore");
-    assert!(ignore.lines().any(|l| l == "!target/ebpf/kpulse.bpf.o"));
+    assert!(ignore.lines().any(|l| l == "target/"));
+    assert!(
+        !ignore.lines().any(|l| l.starts_with('!')),
+        "nothing is re-included: {ignore}"
+    );
+    // The build script the build stage runs is in the context.
+    assert!(text.contains("sh images/build.sh \"$TARGETARCH\" /out"));
+    assert!(repo().join("images/build.sh").is_file());
 }
 
-/// The images are amd64 only: both workloads select amd64 Linux nodes; and the critical
-/// PriorityClasses they use are covered by a ResourceQuota in their namespace.
+/// The images are manifest lists for amd64 and arm64: both workloads select Linux nodes of
+/// any architecture; and the critical PriorityClasses they use are covered by a
+/// ResourceQuota in their namespace.
 #[test]
 fn workloads_select_what_the_images_run_on_and_their_priority_is_admitted() {
     let docs = &fixture().base;
@@ -2035,8 +2058,9 @@ fn workloads_select_what_the_images_run_on_and_their_priority_is_admitted() {
             Some("linux")
         );
         assert_eq!(
-            sel.get("kubernetes.io/arch").map(String::as_str),
-            Some("amd64")
+            sel.get("kubernetes.io/arch"),
+            None,
+            "both architectures' nodes run the images"
         );
         let class = spec
             .priority_class_name

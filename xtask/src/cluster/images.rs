@@ -1,24 +1,27 @@
 //! Container images for the local cluster, built here: no registry can be reached.
 //!
-//! - **Base images**, made from Debian's packages with `mmdebstrap` (which uses this
-//!   machine's apt sources) and committed with `buildah` under the names the repository's
-//!   Containerfiles use, so that those files build unchanged:
-//!   - `docker.io/library/rust:<toolchain>-bookworm`: Debian 12 minbase with gcc and the
-//!     C library headers, and this machine's rustup toolchain of `rust-toolchain.toml`
-//!     (without its documentation) under `/usr/local/rustup`, as the official image lays
-//!     it out (`RUSTUP_HOME`, `CARGO_HOME`, `PATH`);
-//!   - `gcr.io/distroless/cc-debian12` and `:nonroot`: the files of Debian 12's `libc6`,
+//! - **Base images**, made from Debian's packages with `mmdebstrap` and committed with
+//!   `buildah` under the names the repository's `Containerfile` uses, so that it builds
+//!   unchanged:
+//!   - `docker.io/library/debian:bookworm` (this machine's architecture: the build stage
+//!     runs here): Debian 12 minbase with the official image's apt sources and this
+//!     machine's own CAs;
+//!   - `gcr.io/distroless/cc-debian12` and `:nonroot`: manifest lists of one image per
+//!     architecture of [`ARCHES`], each the files of that architecture's Debian 12 `libc6`,
 //!     `libgcc-s1`, `libstdc++6`, `libssl3`, `netbase` and `base-files` (extracted, no
 //!     shell, no package manager), the CA bundle, and the `root`/`nonroot`/`nobody` users.
-//! - **kpulse images**: `buildah bud` of `agent/Containerfile` and
-//!   `aggregator-api/Containerfile` from the repository root, exactly as an operator would
-//!   build them (`--layers`, `--pull=never`), tagged with the names `deploy/base` uses.
+//! - **kpulse images**: `buildah build --platform linux/amd64,linux/arm64 --target <image>
+//!   --manifest <name>` of the `Containerfile` from the repository root, exactly as an
+//!   operator would build them (plus `--layers`, `--pull=never`), named as `deploy/base`
+//!   names them; then every architecture's binary is run once (`--version`: natively in a
+//!   chroot of its image, or under qemu's user-mode emulator with the image's C library).
 //! - **Cluster add-ons**: `kpulse.local/pause` (the sandbox image: `pause.c` beside this
 //!   file, static), CoreDNS and metrics-server (their static Go binaries on an empty image),
 //!   `kpulse.local/busybox` (Debian's static busybox, for test workloads).
 //!
-//! Every image is written as a docker archive into `target/cluster/images/` and imported
-//! into containerd's `k8s.io` namespace, where the kubelet finds it without pulling.
+//! Every image is written as an archive into `target/cluster/images/` (OCI with every
+//! architecture for the kpulse images, docker for the others) and imported into
+//! containerd's `k8s.io` namespace, where the kubelet finds it without pulling.
 //! buildah's storage, run root and build-cache mounts live under `target/cluster/images/`.
 
 use std::{
@@ -51,17 +54,33 @@ pub fn metrics_server_image() -> String {
 pub const BUSYBOX_IMAGE: &str = "kpulse.local/busybox:latest";
 /// The host's busybox that [`BUSYBOX_IMAGE`] is made of.
 pub const HOST_BUSYBOX: &str = "/bin/busybox";
-/// The distroless runtime image of the Containerfiles, and its `nonroot` variant.
+/// The Containerfile of kpulse's images, from the repository root.
+pub const CONTAINERFILE: &str = "Containerfile";
+/// The architectures kpulse's images are built for (Debian's and OCI's names).
+pub const ARCHES: [&str; 2] = ["amd64", "arm64"];
+/// The Containerfile's build stage: Debian 12, for this machine's architecture only.
+pub const DEBIAN: &str = "docker.io/library/debian:bookworm";
+/// The distroless runtime image of the Containerfile, and its `nonroot` variant: manifest
+/// lists of every architecture of [`ARCHES`].
 pub const DISTROLESS: &str = "gcr.io/distroless/cc-debian12:latest";
 pub const DISTROLESS_NONROOT: &str = "gcr.io/distroless/cc-debian12:nonroot";
-/// The kpulse images, as `deploy/base/kustomization.yaml` names them.
+/// The kpulse images: the Containerfile's `--target` and the name `deploy/base/kustomization.yaml`
+/// gives the image.
 pub const KPULSE_IMAGES: [(&str, &str); 2] = [
-    ("agent/Containerfile", "ghcr.io/kpulse/kpulse-agent:0.1.0"),
+    ("agent", "ghcr.io/kpulse/kpulse-agent:0.1.0"),
     (
-        "aggregator-api/Containerfile",
+        "aggregator-api",
         "ghcr.io/kpulse/kpulse-aggregator-api:0.1.0",
     ),
 ];
+
+/// An image written for containerd to import.
+pub struct Archive {
+    pub path: PathBuf,
+    /// For an OCI archive (a manifest list), the image's repository: OCI names only the tag,
+    /// and `ctr images import --base-name` adds the rest.
+    base_name: Option<String>,
+}
 
 /// buildah with this project's storage.
 pub struct Builder {
@@ -134,12 +153,15 @@ impl Builder {
         result
     }
 
-    /// Writes image `name` as a docker archive for containerd; returns its path.
-    fn archive(&self, name: &str) -> Result<PathBuf> {
-        let file = self
-            .dir
+    fn archive_path(&self, name: &str) -> PathBuf {
+        self.dir
             .join("archives")
-            .join(format!("{}.tar", name.replace(['/', ':'], "_")));
+            .join(format!("{}.tar", name.replace(['/', ':'], "_")))
+    }
+
+    /// Writes image `name` as a docker archive for containerd.
+    fn archive(&self, name: &str) -> Result<Archive> {
+        let file = self.archive_path(name);
         let _ = fs::remove_file(&file);
         crate::exec::run(self.buildah().args([
             "push",
@@ -147,116 +169,263 @@ impl Builder {
             name,
             &format!("docker-archive:{}:{name}", file.display()),
         ]))?;
-        Ok(file)
+        Ok(Archive {
+            path: file,
+            base_name: None,
+        })
     }
 
-    /// The base images of the kpulse Containerfiles, made once and kept.
+    /// The base images of the Containerfile, made once and kept: the build stage's Debian
+    /// (this machine's architecture only: the toolchain runs here and cross-compiles), and
+    /// the runtime's distroless as manifest lists of every architecture of [`ARCHES`].
     pub fn base_images(&self) -> Result<()> {
-        let rust = rust_base_name()?;
-        if !self.has_image(&rust) {
+        if !self.has_image(DEBIAN) {
             let started = Instant::now();
-            println!(
-                "cluster: making {rust} from Debian {} packages and this machine's rustup \
-                 toolchain (once; about 2 min)",
-                versions::DEBIAN_SUITE
-            );
-            let rootfs = self.dir.join("rootfs/rust");
+            println!("cluster: making {DEBIAN} from Debian packages (once; about 30 s)");
+            let rootfs = self.dir.join("rootfs/debian");
             let _ = fs::remove_dir_all(&rootfs);
-            mmdebstrap(
-                &rootfs,
-                "minbase",
-                &["gcc", "libc6-dev", "ca-certificates", "pkg-config", "make"],
-            )?;
-            copy_rust_toolchain(&rootfs)?;
-            // This machine's trust store: it holds the CAs this machine needs to reach
-            // crates.io (the Containerfiles' builds fetch crates), which Debian's bundle may not.
-            let bundle = Path::new("/etc/ssl/certs/ca-certificates.crt");
-            if bundle.is_file() {
-                fs::copy(bundle, rootfs.join("etc/ssl/certs/ca-certificates.crt"))
-                    .context("cannot copy this machine's CA bundle into the build image")?;
-            }
-            let version = rust_toolchain_version(&self.root)?;
+            mmdebstrap(&rootfs, "minbase", host_arch()?, &["ca-certificates"])?;
+            debian_files(&rootfs)?;
             self.commit_dir(
                 &rootfs,
-                &rust,
+                DEBIAN,
                 &[
+                    "--arch".into(),
+                    host_arch()?.into(),
+                    "--os".into(),
+                    "linux".into(),
                     "--env".into(),
-                    "RUSTUP_HOME=/usr/local/rustup".into(),
-                    "--env".into(),
-                    "CARGO_HOME=/usr/local/cargo".into(),
-                    "--env".into(),
-                    "PATH=/usr/local/cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-                        .into(),
-                    "--env".into(),
-                    format!("RUST_VERSION={version}"),
+                    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
                     "--cmd".into(),
                     "bash".into(),
                 ],
             )?;
             let _ = fs::remove_dir_all(&rootfs);
             println!(
-                "cluster: {rust} made in {:.0} s",
+                "cluster: {DEBIAN} made in {:.0} s",
                 started.elapsed().as_secs_f64()
             );
         }
-        if !self.has_image(DISTROLESS) || !self.has_image(DISTROLESS_NONROOT) {
-            println!("cluster: making {DISTROLESS} (and :nonroot) from Debian packages");
-            let rootfs = self.dir.join("rootfs/distroless");
-            let _ = fs::remove_dir_all(&rootfs);
-            mmdebstrap(
-                &rootfs,
-                "extract",
-                &[
-                    "base-files",
-                    "netbase",
-                    "libc6",
-                    "libgcc-s1",
-                    "libstdc++6",
-                    "libssl3",
-                ],
-            )?;
-            distroless_files(&rootfs)?;
-            self.commit_dir(&rootfs, DISTROLESS, &[])?;
-            self.commit_dir(
-                &rootfs,
-                DISTROLESS_NONROOT,
-                &[
+        if !self.has_manifest(DISTROLESS) || !self.has_manifest(DISTROLESS_NONROOT) {
+            println!(
+                "cluster: making {DISTROLESS} (and :nonroot) for {} from Debian packages",
+                ARCHES.join(" and ")
+            );
+            let mut instances = Vec::new();
+            for arch in ARCHES {
+                let rootfs = self.dir.join(format!("rootfs/distroless-{arch}"));
+                let _ = fs::remove_dir_all(&rootfs);
+                mmdebstrap(
+                    &rootfs,
+                    "extract",
+                    arch,
+                    &[
+                        "base-files",
+                        "netbase",
+                        "libc6",
+                        "libgcc-s1",
+                        "libstdc++6",
+                        "libssl3",
+                    ],
+                )?;
+                distroless_files(&rootfs)?;
+                let platform = [
+                    "--arch".to_string(),
+                    arch.into(),
+                    "--os".into(),
+                    "linux".into(),
+                ];
+                let root_name = format!("kpulse.local/distroless-cc:{arch}");
+                let nonroot_name = format!("kpulse.local/distroless-cc:{arch}-nonroot");
+                self.commit_dir(&rootfs, &root_name, &platform)?;
+                let mut nonroot = platform.to_vec();
+                nonroot.extend([
                     "--user".into(),
                     "65532:65532".into(),
                     "--workingdir".into(),
                     "/home/nonroot".into(),
-                ],
-            )?;
-            let _ = fs::remove_dir_all(&rootfs);
+                ]);
+                self.commit_dir(&rootfs, &nonroot_name, &nonroot)?;
+                let _ = fs::remove_dir_all(&rootfs);
+                instances.push((root_name, nonroot_name));
+            }
+            let (root, nonroot): (Vec<String>, Vec<String>) = instances.into_iter().unzip();
+            self.manifest_of(DISTROLESS, &root)?;
+            self.manifest_of(DISTROLESS_NONROOT, &nonroot)?;
         }
         Ok(())
     }
 
-    /// Builds the kpulse images from their Containerfiles; returns the archives.
-    pub fn kpulse_images(&self) -> Result<Vec<PathBuf>> {
-        let object = self.root.join("target/ebpf/kpulse.bpf.o");
-        ensure!(
-            object.is_file(),
-            "{} is missing: `cargo xtask build-ebpf --release` makes it",
-            object.display()
-        );
+    /// Whether `name` is a manifest list with an image for every architecture of [`ARCHES`].
+    fn has_manifest(&self, name: &str) -> bool {
+        let Ok(json) = crate::exec::output(self.buildah().args(["manifest", "inspect", name]))
+        else {
+            return false;
+        };
+        manifest_arches(&json).is_ok_and(|arches| ARCHES.iter().all(|a| arches.contains(*a)))
+    }
+
+    /// Removes whatever is called `name`: a manifest list or an image.
+    fn remove_name(&self, name: &str) {
+        for args in [["manifest", "rm", name], ["rmi", "--force", name]] {
+            let _ = self
+                .buildah()
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+
+    /// Makes `name` the manifest list of the images `instances` (each of one architecture).
+    fn manifest_of(&self, name: &str, instances: &[String]) -> Result<()> {
+        self.remove_name(name);
+        crate::exec::run(self.buildah().args(["manifest", "create", name]))?;
+        for instance in instances {
+            // By image ID: buildah 1.28 does not resolve a local name in `manifest add`.
+            let id = crate::exec::output(self.buildah().args(["images", "--quiet", instance]))?;
+            let id = id.lines().next().unwrap_or_default().trim().to_string();
+            ensure!(!id.is_empty(), "buildah has no image {instance}");
+            crate::exec::run(self.buildah().args(["manifest", "add", name, &id]))?;
+        }
+        Ok(())
+    }
+
+    /// Builds kpulse's images from the Containerfile, for every architecture of [`ARCHES`],
+    /// each a manifest list; checks that every architecture's binary is there and runs;
+    /// returns the archives.
+    pub fn kpulse_images(&self) -> Result<Vec<Archive>> {
+        let revision = crate::exec::output(
+            Command::new("git")
+                .current_dir(&self.root)
+                .args(["rev-parse", "HEAD"]),
+        )
+        .map(|r| r.trim().to_string())
+        .unwrap_or_else(|_| "unknown".to_string());
+        let platforms = ARCHES
+            .iter()
+            .map(|a| format!("linux/{a}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let host = host_arch()?;
         let mut archives = Vec::new();
-        for (file, name) in KPULSE_IMAGES {
+        for (target, name) in KPULSE_IMAGES {
             let started = Instant::now();
-            println!("cluster: buildah bud -f {file} -t {name} . (cold: several minutes)");
+            println!(
+                "cluster: buildah build --platform {platforms} --target {target} --manifest \
+                 {name} . (cold: about 15 min for both images)"
+            );
+            // `--manifest` adds to a list of that name: start from none.
+            self.remove_name(name);
             crate::exec::run(
                 self.buildah()
                     .current_dir(&self.root)
-                    .args(["bud", "--layers", "--pull=never", "--quiet"])
-                    .args(["--isolation", "chroot", "-f", file, "-t", name, "."]),
+                    .args(["build", "--layers", "--pull=never", "--quiet"])
+                    .args(["--isolation", "chroot", "--network", "host"])
+                    .args(["--platform", &platforms, "--target", target])
+                    // buildah 1.28 (Debian 12's) does not set these itself, as docker buildx and
+                    // later buildahs do: without them the toolchain stage would be looked for
+                    // in the target's architecture.
+                    .args(["--build-arg", &format!("BUILDPLATFORM=linux/{host}")])
+                    .args(["--build-arg", &format!("BUILDARCH={host}")])
+                    .args(["--build-arg", &format!("REVISION={revision}")])
+                    .args(["--build-arg", &format!("VERSION={}", image_version(name)?)])
+                    .args(["--manifest", name, "-f", CONTAINERFILE, "."]),
             )?;
             println!(
                 "cluster: {name} built in {:.0} s",
                 started.elapsed().as_secs_f64()
             );
-            archives.push(self.archive(name)?);
+            self.check_instances(name, target)?;
+            archives.push(self.archive_manifest(name)?);
         }
         Ok(archives)
+    }
+
+    /// Every architecture's image of manifest list `name` holds `/usr/local/bin/<binary>` for
+    /// that architecture, and it runs there: natively, or under `qemu-<machine>` (user mode)
+    /// with the image's own C library.
+    fn check_instances(&self, name: &str, target: &str) -> Result<()> {
+        let json = crate::exec::output(self.buildah().args(["manifest", "inspect", name]))?;
+        let arches = manifest_arches(&json)?;
+        ensure!(
+            ARCHES.iter().all(|a| arches.contains(*a)),
+            "{name} has images for {arches:?}, not for every one of {ARCHES:?}"
+        );
+        let binary = format!("kpulse-{target}");
+        for arch in ARCHES {
+            let ctr = crate::exec::output(self.buildah().args([
+                "from",
+                "--pull=never",
+                "--quiet",
+                "--arch",
+                arch,
+                name,
+            ]))?
+            .trim()
+            .to_string();
+            let result = (|| -> Result<String> {
+                let mnt = crate::exec::output(self.buildah().args(["mount", &ctr]))?
+                    .trim()
+                    .to_string();
+                let exe = Path::new(&mnt).join("usr/local/bin").join(&binary);
+                let machine = crate::vm::elf_machine_of(&exe)?;
+                let want = crate::vm::Arch::from_debian(arch)?;
+                ensure!(
+                    machine == want.elf_machine(),
+                    "{name} for {arch}: {} is an ELF for machine {machine}, not {arch}'s {}",
+                    exe.display(),
+                    want.elf_machine()
+                );
+                let mut cmd = if want == crate::vm::Arch::host() {
+                    // The image's own loader and libraries, not this machine's.
+                    let mut c = Command::new("chroot");
+                    c.arg(&mnt).arg(format!("/usr/local/bin/{binary}"));
+                    c
+                } else {
+                    let mut c = Command::new(want.qemu_user());
+                    c.arg("-L").arg(&mnt).arg(&exe);
+                    c
+                };
+                let out = crate::exec::output(cmd.arg("--version"))
+                    .with_context(|| format!("{name} for {arch}: {binary} --version"))?;
+                let _ = self.buildah().args(["umount", &ctr]).status();
+                Ok(out.trim().to_string())
+            })();
+            let _ = self
+                .buildah()
+                .args(["rm", &ctr])
+                .stdout(std::process::Stdio::null())
+                .status();
+            let version = result?;
+            ensure!(
+                version.starts_with(&binary),
+                "{name} for {arch}: `{binary} --version` printed {version:?}"
+            );
+            println!("cluster: {name} for {arch}: {version} runs");
+        }
+        Ok(())
+    }
+
+    /// Writes manifest list `name` with every image in it as an OCI archive for containerd.
+    fn archive_manifest(&self, name: &str) -> Result<Archive> {
+        let file = self.archive_path(name);
+        let _ = fs::remove_file(&file);
+        crate::exec::run(self.buildah().args([
+            "manifest",
+            "push",
+            "--all",
+            "--quiet",
+            name,
+            &format!("oci-archive:{}:{name}", file.display()),
+        ]))?;
+        let (repository, _) = name
+            .rsplit_once(':')
+            .with_context(|| format!("image name {name} has no tag"))?;
+        Ok(Archive {
+            path: file,
+            base_name: Some(repository.to_string()),
+        })
     }
 
     /// A single-binary image: `binary` at `/<dest>` (and the given extra files), run as
@@ -267,7 +436,7 @@ impl Builder {
         files: &[(&Path, &str)],
         entrypoint: &str,
         user: Option<&str>,
-    ) -> Result<PathBuf> {
+    ) -> Result<Archive> {
         let rootfs = self.dir.join("rootfs").join(name.replace(['/', ':'], "_"));
         let _ = fs::remove_dir_all(&rootfs);
         for d in ["etc", "tmp"] {
@@ -303,7 +472,7 @@ impl Builder {
     }
 
     /// The add-on images; returns their archives.
-    pub fn addon_images(&self, coredns: &Path, metrics_server: &Path) -> Result<Vec<PathBuf>> {
+    pub fn addon_images(&self, coredns: &Path, metrics_server: &Path) -> Result<Vec<Archive>> {
         let mut archives = Vec::new();
         let pause_bin = self.dir.join("pause");
         let source = self.root.join("xtask/src/cluster/pause.c");
@@ -342,7 +511,7 @@ impl Builder {
         Ok(archives)
     }
 
-    fn busybox_image(&self, busybox: &Path) -> Result<PathBuf> {
+    fn busybox_image(&self, busybox: &Path) -> Result<Archive> {
         let rootfs = self.dir.join("rootfs/busybox");
         let _ = fs::remove_dir_all(&rootfs);
         for d in ["bin", "etc", "tmp"] {
@@ -369,34 +538,14 @@ impl Builder {
     }
 }
 
-/// `docker.io/library/rust:<channel>-bookworm` for the channel of `rust-toolchain.toml`.
-fn rust_base_name() -> Result<String> {
-    let root = crate::vm::workspace_root()?;
-    Ok(format!(
-        "docker.io/library/rust:{}-{}",
-        rust_toolchain_version(&root)?,
-        versions::DEBIAN_SUITE
-    ))
-}
-
-/// The `channel` of `rust-toolchain.toml`.
-fn rust_toolchain_version(root: &Path) -> Result<String> {
-    let path = root.join("rust-toolchain.toml");
-    let text =
-        fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    text.lines()
-        .filter_map(|l| l.trim().strip_prefix("channel"))
-        .filter_map(|rest| rest.trim().strip_prefix('='))
-        .map(|v| v.trim().trim_matches('"').to_string())
-        .next()
-        .with_context(|| format!("{} names no channel", path.display()))
-}
-
-/// A Debian root filesystem from this machine's apt sources.
-fn mmdebstrap(dir: &Path, variant: &str, packages: &[&str]) -> Result<()> {
+/// A Debian root filesystem of architecture `arch` from Debian's mirror (mmdebstrap's
+/// default). The `extract` variant runs no package's scripts, so it needs no emulation for
+/// another architecture.
+fn mmdebstrap(dir: &Path, variant: &str, arch: &str, packages: &[&str]) -> Result<()> {
     crate::exec::run(
         Command::new("mmdebstrap")
             .args(["--quiet", "--mode=root", &format!("--variant={variant}")])
+            .arg(format!("--architectures={arch}"))
             .arg(format!("--include={}", packages.join(",")))
             .arg("--dpkgopt=path-exclude=/usr/share/doc/*")
             .arg("--dpkgopt=path-exclude=/usr/share/man/*")
@@ -405,47 +554,75 @@ fn mmdebstrap(dir: &Path, variant: &str, packages: &[&str]) -> Result<()> {
     )
 }
 
-/// Copies the rustup toolchain of `rust-toolchain.toml` (bin, lib, libexec, etc; not its
-/// documentation) and the `rustup` proxy into `rootfs` as the official image has them.
-fn copy_rust_toolchain(rootfs: &Path) -> Result<()> {
-    let root = crate::vm::workspace_root()?;
-    let version = rust_toolchain_version(&root)?;
-    let sysroot = crate::exec::output(
-        Command::new("rustc")
-            .current_dir(&root)
-            .args(["--print", "sysroot"]),
+/// The files the official `debian:bookworm` image has beside minbase's packages: its apt
+/// sources (deb.debian.org: the release, its updates, its security updates), and this
+/// machine's own CAs, which it needs to reach crates.io and Debian (the Containerfile's
+/// build fetches crates and packages); `update-ca-certificates` keeps them in the bundle.
+fn debian_files(rootfs: &Path) -> Result<()> {
+    let suite = versions::DEBIAN_SUITE;
+    let _ = fs::remove_file(rootfs.join("etc/apt/sources.list"));
+    fs::create_dir_all(rootfs.join("etc/apt/sources.list.d"))?;
+    fs::write(
+        rootfs.join("etc/apt/sources.list.d/debian.sources"),
+        format!(
+            "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: {suite} {suite}-updates\n\
+             Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n\
+             Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: {suite}-security\n\
+             Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+        ),
     )?;
-    let sysroot = fs::canonicalize(sysroot.trim())?;
-    let dest = rootfs.join(format!(
-        "usr/local/rustup/toolchains/{version}-x86_64-unknown-linux-gnu"
-    ));
-    fs::create_dir_all(&dest)?;
-    for part in ["bin", "lib", "libexec", "etc"] {
-        let src = sysroot.join(part);
-        if src.exists() {
-            crate::exec::run(Command::new("cp").arg("-a").arg(&src).arg(&dest))?;
+    let local = Path::new("/usr/local/share/ca-certificates");
+    if local.is_dir() {
+        for entry in fs::read_dir(local)? {
+            let path = entry?.path();
+            if let Some(file) = path.file_name() {
+                fs::copy(
+                    &path,
+                    rootfs.join("usr/local/share/ca-certificates").join(file),
+                )?;
+            }
         }
     }
-    let rustup = which("rustup").context("rustup is not on PATH")?;
-    let cargo_bin = rootfs.join("usr/local/cargo/bin");
-    fs::create_dir_all(&cargo_bin)?;
-    fs::copy(&rustup, cargo_bin.join("rustup"))?;
-    for proxy in ["cargo", "rustc", "rustdoc", "rust-gdb", "rust-lldb"] {
-        std::os::unix::fs::symlink("rustup", cargo_bin.join(proxy))?;
+    let bundle = Path::new("/etc/ssl/certs/ca-certificates.crt");
+    if bundle.is_file() {
+        fs::copy(bundle, rootfs.join("etc/ssl/certs/ca-certificates.crt"))
+            .context("cannot copy this machine's CA bundle into the build image")?;
     }
-    fs::write(
-        rootfs.join("usr/local/rustup/settings.toml"),
-        format!("version = \"12\"\nprofile = \"minimal\"\ndefault_toolchain = \"{version}-x86_64-unknown-linux-gnu\"\n"),
-    )?;
     Ok(())
 }
 
-fn which(cmd: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|d| d.join(cmd))
-            .find(|p| p.is_file())
-    })
+/// This machine's architecture, as Debian and OCI name it.
+fn host_arch() -> Result<&'static str> {
+    match std::env::consts::ARCH {
+        "x86_64" => Ok("amd64"),
+        "aarch64" => Ok("arm64"),
+        other => bail!("kpulse's images build on amd64 or arm64, not on {other}"),
+    }
+}
+
+/// The tag of an image name: `VERSION` of the Containerfile.
+fn image_version(name: &str) -> Result<&str> {
+    name.rsplit_once(':')
+        .map(|(_, tag)| tag)
+        .with_context(|| format!("image name {name} has no tag"))
+}
+
+/// The architectures of the images in a manifest list (`buildah manifest inspect`'s JSON).
+fn manifest_arches(json: &str) -> Result<std::collections::BTreeSet<String>> {
+    let v: serde_json::Value =
+        serde_json::from_str(json).context("buildah manifest inspect printed no JSON")?;
+    let manifests = v["manifests"]
+        .as_array()
+        .context("not a manifest list: no \"manifests\"")?;
+    manifests
+        .iter()
+        .map(|m| {
+            m["platform"]["architecture"]
+                .as_str()
+                .map(str::to_string)
+                .context("a manifest list entry names no architecture")
+        })
+        .collect()
 }
 
 /// The files distroless adds to its packages: users, groups, a home for `nonroot`, `/tmp`,
@@ -484,20 +661,24 @@ fn distroless_files(rootfs: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Imports docker archives into containerd's `k8s.io` namespace.
-pub fn import(ctr: &Path, address: &Path, archives: &[PathBuf]) -> Result<()> {
+/// Imports image archives into containerd's `k8s.io` namespace.
+pub fn import(ctr: &Path, address: &Path, archives: &[Archive]) -> Result<()> {
     for a in archives {
-        let out = Command::new(ctr)
-            .arg("--address")
+        let mut cmd = Command::new(ctr);
+        cmd.arg("--address")
             .arg(address)
-            .args(["-n", "k8s.io", "images", "import"])
-            .arg(a)
+            .args(["-n", "k8s.io", "images", "import"]);
+        if let Some(base) = &a.base_name {
+            cmd.args(["--base-name", base]);
+        }
+        let out = cmd
+            .arg(&a.path)
             .output()
             .with_context(|| format!("cannot run {}", ctr.display()))?;
         if !out.status.success() {
             bail!(
                 "ctr images import {} failed: {}",
-                a.display(),
+                a.path.display(),
                 String::from_utf8_lossy(&out.stderr)
             );
         }

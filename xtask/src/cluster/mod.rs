@@ -151,13 +151,15 @@ pub(crate) fn release(want: &str) -> Result<versions::Release> {
 }
 
 /// What `up` needs from Debian, by the command that proves it is there.
-const DEBIAN_PACKAGES: [(&str, &str); 9] = [
+const DEBIAN_PACKAGES: [(&str, &str); 10] = [
     ("/usr/include/seccomp.h", "libseccomp-dev"),
     ("/usr/bin/pkg-config", "pkg-config"),
     ("/usr/sbin/iptables", "iptables"),
     ("/usr/sbin/conntrack", "conntrack"),
     ("/usr/bin/buildah", "buildah"),
     ("/usr/bin/mmdebstrap", "mmdebstrap"),
+    // Runs the other architecture's binaries of kpulse's images (`images::Builder`).
+    ("/usr/bin/qemu-aarch64", "qemu-user"),
     ("/bin/busybox", "busybox-static"),
     ("/usr/bin/gcc", "gcc"),
     ("/usr/lib/x86_64-linux-gnu/libc.a", "libc6-dev"),
@@ -204,7 +206,7 @@ struct Built {
     containerd: PathBuf,
     cni: PathBuf,
     runc: PathBuf,
-    archives: Vec<PathBuf>,
+    archives: Vec<images::Archive>,
 }
 
 impl Built {
@@ -237,12 +239,6 @@ fn build_all(root: &Path, dirs: &Dirs, release: &versions::Release) -> Result<Bu
             .with_context(|| format!("no component {name}"))
     };
     let bin_dir = |c: &gobuild::Component| c.dir(&dirs.build).join("bin");
-    println!("cluster: eBPF object (cargo xtask build-ebpf --release)");
-    crate::build_ebpf::run(&crate::build_ebpf::Options {
-        release: true,
-        no_install: false,
-        clippy: false,
-    })?;
     let builder = images::Builder::new(root)?;
     builder.base_images()?;
     let mut archives = builder.kpulse_images()?;

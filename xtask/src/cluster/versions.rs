@@ -59,8 +59,8 @@ pub const CRI_TOOLS: &str = "1.37.0";
 pub const COREDNS: &str = "1.15.0";
 /// `sigs.k8s.io/metrics-server`: what kpulse replaces, for the migration and comparisons.
 pub const METRICS_SERVER: &str = "0.8.0";
-/// The Debian release the local base images are made from (the runtime of the kpulse
-/// images: their Containerfiles build on `rust:…-bookworm` and run on distroless Debian 12).
+/// The Debian release the local base images are made from (the kpulse images build on
+/// `debian:bookworm` and run on distroless Debian 12).
 pub const DEBIAN_SUITE: &str = "bookworm";
 /// The tag of the pause (sandbox) image this repository builds.
 pub const PAUSE_TAG: &str = "3.10";

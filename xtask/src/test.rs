@@ -18,7 +18,8 @@
 //!
 //! The clusters' builds (about 35 minutes of a cold run) start in the background right
 //! after stage 1 ([`ClusterPrebuild`]), as `SCHED_IDLE` processes: they take only the CPU
-//! the lints and tests leave idle, and stage 5 waits for its release's build.
+//! the lints and tests leave idle, and stage 5 waits for its release's build. They include
+//! the images, of which the arm64 agent image boots in an arm64 VM (`cluster::agent_in_vm`).
 //!
 //! With `CI=true` nothing may skip: the accuracy test fails instead of skipping, and the
 //! VM and cluster stages cannot be turned off.
@@ -156,6 +157,16 @@ pub fn run(opts: &Options) -> Result<()> {
         if !opts.no_vm {
             vm::ensure_prereqs(&arches)?;
         }
+        // The background build boots the arm64 agent image in a VM
+        // (`cluster::agent_in_vm`): its kernel and busybox are downloaded now, so that it
+        // never unpacks them beside the VM stage.
+        for arch in [vm::Arch::Amd64, vm::Arch::Arm64] {
+            if arch != vm::Arch::host() {
+                let kernel = vm::Kernel::newest(arch)
+                    .with_context(|| format!("no VM kernel for {}", arch.debian()))?;
+                vm::fetch(&root, kernel)?;
+            }
+        }
         Some(ClusterPrebuild::start(&root, &versions)?)
     };
 
@@ -266,6 +277,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     args: &[],
                     env: &env,
                     extra_files: &files,
+                    root_fs: None,
                     // Each test takes one to three minutes under TCG (x86-64 on x86-64), up to
                     // twice that emulating Arm.
                     timeout: Duration::from_secs(600 * VM_TESTS.len() as u64),

@@ -178,6 +178,11 @@ impl Kernel {
         &[Kernel::V6_1, Kernel::V6_12, Kernel::Arm64V6_12]
     }
 
+    /// The newest kernel of `arch`.
+    pub fn newest(arch: Arch) -> Option<Kernel> {
+        Kernel::all().iter().copied().rfind(|k| k.arch() == arch)
+    }
+
     /// The machine this kernel runs on.
     pub fn arch(self) -> Arch {
         match self {
@@ -321,6 +326,11 @@ pub struct VmRun<'a> {
     pub env: &'a [(String, String)],
     /// Files to copy in: (host path, absolute guest path). ELF executables bring their libraries.
     pub extra_files: &'a [(PathBuf, String)],
+    /// A root file system copied in before anything else (a container image's, mounted), so
+    /// that its programs run with its own loader and libraries; its `/dev`, `/proc` and
+    /// `/sys` are left out (the guest mounts its own). Nothing of the VM's may replace a file
+    /// of it.
+    pub root_fs: Option<&'a Path>,
     /// Wall-clock limit for the whole VM, boot to power-off.
     pub timeout: Duration,
     /// Guest memory in MiB.
@@ -383,6 +393,7 @@ pub fn run(opts: &Options) -> Result<()> {
             args,
             env: &opts.env,
             extra_files: &opts.files,
+            root_fs: None,
             timeout: Duration::from_secs(opts.timeout),
             memory_mib: opts.memory,
             cpus: opts.cpus,
@@ -527,6 +538,22 @@ fn find_in_path(program: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
+}
+
+/// Downloads what a VM of `k` needs (its kernel, and its architecture's busybox), so that VMs
+/// started later in parallel find them in place.
+pub fn fetch(root: &Path, k: Kernel) -> Result<()> {
+    kernel_image(root, k)?;
+    guest_busybox(root, k.arch()).map(|_| ())
+}
+
+/// The static busybox of the guest's architecture: this machine's own, or Debian's
+/// `busybox-static` for arm64 (downloaded once).
+fn guest_busybox(root: &Path, arch: Arch) -> Result<PathBuf> {
+    match arch {
+        Arch::Amd64 => Ok(PathBuf::from(BUSYBOX)),
+        Arch::Arm64 => cross::arm64_file(root, "busybox-static", BUSYBOX),
+    }
 }
 
 /// Returns the kernel image (`vmlinuz-*`) for `k`, downloading and unpacking the Debian
@@ -736,10 +763,7 @@ pub fn run_in_vm(root: &Path, run: &VmRun) -> Result<VmOutcome> {
     let staging = Staging::create(root)?;
     let token = random_token()?;
     let initramfs = staging.dir.join("initramfs.cpio");
-    let busybox = match run.kernel.arch() {
-        Arch::Amd64 => PathBuf::from(BUSYBOX),
-        Arch::Arm64 => cross::arm64_file(root, "busybox-static", BUSYBOX)?,
-    };
+    let busybox = guest_busybox(root, run.kernel.arch())?;
     build_initramfs(run, &busybox, &token, &initramfs)?;
     exec::run(
         Command::new("gzip")
@@ -1209,6 +1233,48 @@ impl Tree {
         Ok(())
     }
 
+    /// Adds everything under `host` (a root file system; `guest` its path there, `""` at the
+    /// top) but the kernel's file systems: directories, regular files and symbolic links
+    /// (their targets as they are, so absolute ones resolve in the guest).
+    fn insert_root_fs(&mut self, host: &Path, guest: &str) -> Result<()> {
+        let entries =
+            fs::read_dir(host).with_context(|| format!("cannot read {}", host.display()))?;
+        for entry in entries {
+            let entry = entry.with_context(|| format!("cannot read {}", host.display()))?;
+            let name = entry.file_name();
+            let name = name
+                .to_str()
+                .with_context(|| format!("{:?} in {} is not UTF-8", name, host.display()))?;
+            if guest.is_empty() && matches!(name, "dev" | "proc" | "sys") {
+                continue;
+            }
+            let path = entry.path();
+            let guest_path = format!("{guest}/{name}");
+            let kind = entry
+                .file_type()
+                .with_context(|| format!("cannot stat {}", path.display()))?;
+            if kind.is_dir() {
+                self.insert(&guest_path, Node::Dir)?;
+                self.insert_root_fs(&path, &guest_path)?;
+            } else if kind.is_symlink() {
+                let target = fs::read_link(&path)
+                    .with_context(|| format!("cannot read the link {}", path.display()))?;
+                let target = target
+                    .to_str()
+                    .with_context(|| format!("the link {} is not UTF-8", path.display()))?;
+                self.insert(&guest_path, Node::Symlink(target.to_owned()))?;
+            } else if kind.is_file() {
+                self.insert(&guest_path, Node::File(path))?;
+            } else {
+                bail!(
+                    "{} is neither a directory, a file nor a symbolic link",
+                    path.display()
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Adds the file at `host` as `guest`, with the libraries it needs if it is a dynamic ELF.
     /// An ELF executable must be built for `arch`, and statically for another architecture
     /// than this host's (`ldd` only knows this host's libraries).
@@ -1346,6 +1412,10 @@ fn build_initramfs(run: &VmRun, busybox: &Path, token: &str, path: &Path) -> Res
         "/var",
     ] {
         tree.insert(dir, Node::Dir)?;
+    }
+    if let Some(root_fs) = run.root_fs {
+        tree.insert_root_fs(root_fs, "")
+            .with_context(|| format!("cannot add the root file system {}", root_fs.display()))?;
     }
     tree.insert("/dev/console", Node::CharDev { major: 5, minor: 1 })?;
     tree.insert(BUSYBOX, Node::File(busybox.to_path_buf()))?;
@@ -1543,6 +1613,54 @@ linux-image-6.12.118+deb12-cloud-arm64 - Linux 6.12 for arm64 cloud (signed)
     }
 
     #[test]
+    fn a_root_file_system_comes_in_without_the_kernels_file_systems() -> Result<()> {
+        let dir = std::env::temp_dir().join(format!("kpulse-vm-rootfs-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        for d in ["lib/aarch64-linux-gnu", "dev", "proc/1", "usr/local/bin"] {
+            fs::create_dir_all(dir.join(d))?;
+        }
+        fs::write(dir.join("lib/aarch64-linux-gnu/libc.so.6"), b"libc")?;
+        fs::write(dir.join("dev/null"), b"not a device")?;
+        fs::write(dir.join("usr/local/bin/kpulse-agent"), b"agent")?;
+        std::os::unix::fs::symlink(
+            "aarch64-linux-gnu/libc.so.6",
+            dir.join("lib/ld-linux-aarch64.so.1"),
+        )?;
+        let mut tree = Tree::default();
+        tree.insert("/bin", Node::Dir)?;
+        let added = tree.insert_root_fs(&dir, "");
+        // The VM's own files may not replace the image's.
+        let mut clashing = Tree::default();
+        fs::create_dir_all(dir.join("bin"))?;
+        fs::write(dir.join("bin/sh"), b"a shell")?;
+        clashing.insert_root_fs(&dir, "")?;
+        let clash = clashing.insert("/bin/sh", Node::Symlink("busybox".into()));
+        fs::remove_dir_all(&dir)?;
+        added?;
+        let names: Vec<&str> = tree.0.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "bin",
+                "lib",
+                "lib/aarch64-linux-gnu",
+                "lib/aarch64-linux-gnu/libc.so.6",
+                "lib/ld-linux-aarch64.so.1",
+                "usr",
+                "usr/local",
+                "usr/local/bin",
+                "usr/local/bin/kpulse-agent",
+            ]
+        );
+        assert_eq!(
+            tree.0.get("lib/ld-linux-aarch64.so.1"),
+            Some(&Node::Symlink("aarch64-linux-gnu/libc.so.6".into()))
+        );
+        assert!(clash.is_err());
+        Ok(())
+    }
+
+    #[test]
     fn run_dirs_are_recognised() {
         assert_eq!(run_dir_pid("run-1234-0"), Some(1234));
         assert_eq!(run_dir_pid("run-1234-x"), None);
@@ -1616,6 +1734,7 @@ linux-image-6.12.118+deb12-cloud-arm64 - Linux 6.12 for arm64 cloud (signed)
             args: &args,
             env: &env,
             extra_files: &[],
+            root_fs: None,
             timeout: Duration::from_secs(1),
             memory_mib: 1024,
             cpus: 2,

@@ -14,7 +14,9 @@
 //!   --manifest <name>` of the `Containerfile` from the repository root, exactly as an
 //!   operator would build them (plus `--layers`, `--pull=never`), named as `deploy/base`
 //!   names them; then every architecture's binary is run once (`--version`: natively in a
-//!   chroot of its image, or under qemu's user-mode emulator with the image's C library).
+//!   chroot of its image, or under qemu's user-mode emulator with the image's C library),
+//!   and the agent image of every other architecture is booted on that architecture's
+//!   kernel ([`super::agent_in_vm`]).
 //! - **Cluster add-ons**: `kpulse.local/pause` (the sandbox image: `pause.c` beside this
 //!   file, static), CoreDNS and metrics-server (their static Go binaries on an empty image),
 //!   `kpulse.local/busybox` (Debian's static busybox, for test workloads).
@@ -64,10 +66,13 @@ pub const DEBIAN: &str = "docker.io/library/debian:bookworm";
 /// lists of every architecture of [`ARCHES`].
 pub const DISTROLESS: &str = "gcr.io/distroless/cc-debian12:latest";
 pub const DISTROLESS_NONROOT: &str = "gcr.io/distroless/cc-debian12:nonroot";
+/// The Containerfile's agent stage: its image is also run on a kernel of each other
+/// architecture (`agent_in_vm`).
+const AGENT_TARGET: &str = "agent";
 /// The kpulse images: the Containerfile's `--target` and the name `deploy/base/kustomization.yaml`
 /// gives the image.
 pub const KPULSE_IMAGES: [(&str, &str); 2] = [
-    ("agent", "ghcr.io/kpulse/kpulse-agent:0.1.0"),
+    (AGENT_TARGET, "ghcr.io/kpulse/kpulse-agent:0.1.0"),
     (
         "aggregator-api",
         "ghcr.io/kpulse/kpulse-aggregator-api:0.1.0",
@@ -184,14 +189,14 @@ impl Builder {
             println!("cluster: making {DEBIAN} from Debian packages (once; about 30 s)");
             let rootfs = self.dir.join("rootfs/debian");
             let _ = fs::remove_dir_all(&rootfs);
-            mmdebstrap(&rootfs, "minbase", host_arch()?, &["ca-certificates"])?;
+            mmdebstrap(&rootfs, "minbase", host_arch(), &["ca-certificates"])?;
             debian_files(&rootfs)?;
             self.commit_dir(
                 &rootfs,
                 DEBIAN,
                 &[
                     "--arch".into(),
-                    host_arch()?.into(),
+                    host_arch().into(),
                     "--os".into(),
                     "linux".into(),
                     "--env".into(),
@@ -262,7 +267,7 @@ impl Builder {
         else {
             return false;
         };
-        manifest_arches(&json).is_ok_and(|arches| ARCHES.iter().all(|a| arches.contains(*a)))
+        manifest_instances(&json).is_ok_and(|arches| ARCHES.iter().all(|a| arches.contains_key(*a)))
     }
 
     /// Removes whatever is called `name`: a manifest list or an image.
@@ -307,7 +312,7 @@ impl Builder {
             .map(|a| format!("linux/{a}"))
             .collect::<Vec<_>>()
             .join(",");
-        let host = host_arch()?;
+        let host = host_arch();
         let mut archives = Vec::new();
         for (target, name) in KPULSE_IMAGES {
             let started = Instant::now();
@@ -329,7 +334,10 @@ impl Builder {
                     .args(["--build-arg", &format!("BUILDPLATFORM=linux/{host}")])
                     .args(["--build-arg", &format!("BUILDARCH={host}")])
                     .args(["--build-arg", &format!("REVISION={revision}")])
-                    .args(["--build-arg", &format!("VERSION={}", image_version(name)?)])
+                    .args([
+                        "--build-arg",
+                        &format!("VERSION={}", repository_and_tag(name)?.1),
+                    ])
                     .args(["--manifest", name, "-f", CONTAINERFILE, "."]),
             )?;
             println!(
@@ -347,10 +355,11 @@ impl Builder {
     /// with the image's own C library.
     fn check_instances(&self, name: &str, target: &str) -> Result<()> {
         let json = crate::exec::output(self.buildah().args(["manifest", "inspect", name]))?;
-        let arches = manifest_arches(&json)?;
+        let instances = manifest_instances(&json)?;
         ensure!(
-            ARCHES.iter().all(|a| arches.contains(*a)),
-            "{name} has images for {arches:?}, not for every one of {ARCHES:?}"
+            ARCHES.iter().all(|a| instances.contains_key(*a)),
+            "{name} has images for {:?}, not for every one of {ARCHES:?}",
+            instances.keys().collect::<Vec<_>>()
         );
         let binary = format!("kpulse-{target}");
         for arch in ARCHES {
@@ -389,7 +398,22 @@ impl Builder {
                 };
                 let out = crate::exec::output(cmd.arg("--version"))
                     .with_context(|| format!("{name} for {arch}: {binary} --version"))?;
-                let _ = self.buildah().args(["umount", &ctr]).status();
+                if target == AGENT_TARGET && want != crate::vm::Arch::host() {
+                    let digest = instances.get(arch).map_or("", String::as_str);
+                    super::agent_in_vm::check(
+                        &self.root,
+                        &self.dir,
+                        name,
+                        digest,
+                        Path::new(&mnt),
+                        want,
+                    )?;
+                }
+                let _ = self
+                    .buildah()
+                    .args(["umount", &ctr])
+                    .stdout(std::process::Stdio::null())
+                    .status();
                 Ok(out.trim().to_string())
             })();
             let _ = self
@@ -419,9 +443,7 @@ impl Builder {
             name,
             &format!("oci-archive:{}:{name}", file.display()),
         ]))?;
-        let (repository, _) = name
-            .rsplit_once(':')
-            .with_context(|| format!("image name {name} has no tag"))?;
+        let (repository, _) = repository_and_tag(name)?;
         Ok(Archive {
             path: file,
             base_name: Some(repository.to_string()),
@@ -592,37 +614,37 @@ fn debian_files(rootfs: &Path) -> Result<()> {
 }
 
 /// This machine's architecture, as Debian and OCI name it.
-fn host_arch() -> Result<&'static str> {
-    match std::env::consts::ARCH {
-        "x86_64" => Ok("amd64"),
-        "aarch64" => Ok("arm64"),
-        other => bail!("kpulse's images build on amd64 or arm64, not on {other}"),
-    }
+fn host_arch() -> &'static str {
+    crate::vm::Arch::host().debian()
 }
 
-/// The tag of an image name: `VERSION` of the Containerfile.
-fn image_version(name: &str) -> Result<&str> {
+/// An image name's repository and tag (the Containerfile's `VERSION`).
+fn repository_and_tag(name: &str) -> Result<(&str, &str)> {
     name.rsplit_once(':')
-        .map(|(_, tag)| tag)
+        .filter(|(repository, tag)| !repository.is_empty() && !tag.contains('/'))
         .with_context(|| format!("image name {name} has no tag"))
 }
 
-/// The architectures of the images in a manifest list (`buildah manifest inspect`'s JSON).
-fn manifest_arches(json: &str) -> Result<std::collections::BTreeSet<String>> {
+/// The images of a manifest list (`buildah manifest inspect`'s JSON): digest by architecture.
+fn manifest_instances(json: &str) -> Result<std::collections::BTreeMap<String, String>> {
     let v: serde_json::Value =
         serde_json::from_str(json).context("buildah manifest inspect printed no JSON")?;
     let manifests = v["manifests"]
         .as_array()
         .context("not a manifest list: no \"manifests\"")?;
-    manifests
-        .iter()
-        .map(|m| {
-            m["platform"]["architecture"]
-                .as_str()
-                .map(str::to_string)
-                .context("a manifest list entry names no architecture")
-        })
-        .collect()
+    let mut instances = std::collections::BTreeMap::new();
+    for m in manifests {
+        let arch = m["platform"]["architecture"]
+            .as_str()
+            .context("a manifest list entry names no architecture")?;
+        let digest = m["digest"]
+            .as_str()
+            .with_context(|| format!("the manifest list's {arch} entry has no digest"))?;
+        if let Some(other) = instances.insert(arch.to_string(), digest.to_string()) {
+            bail!("the manifest list has two {arch} images: {other} and {digest}");
+        }
+    }
+    Ok(instances)
 }
 
 /// The files distroless adds to its packages: users, groups, a home for `nonroot`, `/tmp`,
@@ -684,4 +706,40 @@ pub fn import(ctr: &Path, address: &Path, archives: &[Archive]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_names_split_at_the_tag() -> Result<()> {
+        assert_eq!(
+            repository_and_tag("ghcr.io/kpulse/kpulse-agent:0.1.0")?,
+            ("ghcr.io/kpulse/kpulse-agent", "0.1.0")
+        );
+        // A registry's port is not a tag.
+        assert!(repository_and_tag("localhost:5000/kpulse-agent").is_err());
+        assert!(repository_and_tag("kpulse-agent").is_err());
+        assert!(repository_and_tag(":0.1.0").is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn manifest_lists_give_each_architectures_digest() -> Result<()> {
+        let json = r#"{"schemaVersion":2,"manifests":[
+            {"digest":"sha256:aa","platform":{"architecture":"amd64","os":"linux"}},
+            {"digest":"sha256:bb","platform":{"architecture":"arm64","os":"linux"}}]}"#;
+        let instances = manifest_instances(json)?;
+        assert_eq!(
+            instances.get("arm64").map(String::as_str),
+            Some("sha256:bb")
+        );
+        assert_eq!(instances.len(), 2);
+        let twice = json.replace("\"amd64\"", "\"arm64\"");
+        assert!(manifest_instances(&twice).is_err());
+        assert!(manifest_instances(r#"{"manifests":[{"platform":{}}]}"#).is_err());
+        assert!(manifest_instances("{}").is_err());
+        Ok(())
+    }
 }

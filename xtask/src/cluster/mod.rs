@@ -11,6 +11,7 @@
 //! and `kubectl top`. `down`, and any failure of `up`, undo everything ([`host::teardown`]).
 //! What this changes on the machine, and the network's bounds, are in [`host`].
 
+mod agent_in_vm;
 mod bench_discovery;
 mod check;
 mod custom_metrics;
@@ -151,7 +152,7 @@ pub(crate) fn release(want: &str) -> Result<versions::Release> {
 }
 
 /// What `up` needs from Debian, by the command that proves it is there.
-const DEBIAN_PACKAGES: [(&str, &str); 10] = [
+const DEBIAN_PACKAGES: [(&str, &str); 11] = [
     ("/usr/include/seccomp.h", "libseccomp-dev"),
     ("/usr/bin/pkg-config", "pkg-config"),
     ("/usr/sbin/iptables", "iptables"),
@@ -160,6 +161,8 @@ const DEBIAN_PACKAGES: [(&str, &str); 10] = [
     ("/usr/bin/mmdebstrap", "mmdebstrap"),
     // Runs the other architecture's binaries of kpulse's images (`images::Builder`).
     ("/usr/bin/qemu-aarch64", "qemu-user"),
+    // Boots the arm64 agent image on Debian's arm64 kernel (`agent_in_vm`).
+    ("/usr/bin/qemu-system-aarch64", "qemu-system-arm"),
     ("/bin/busybox", "busybox-static"),
     ("/usr/bin/gcc", "gcc"),
     ("/usr/lib/x86_64-linux-gnu/libc.a", "libc6-dev"),

@@ -728,14 +728,19 @@ fn check_rfc3339(s: &str) {
 // ---------------------------------------------------------------------------------------------
 // The kubelet's `/metrics/resource`.
 
+/// When [`kubelet_resource`]'s answers were fetched: samples without a timestamp take it.
+/// Not whole milliseconds: the parser must round it down, as the kubelet's stamps are.
+const SCRAPED_AT: kpulse_wire::UnixNanos = kpulse_wire::UnixNanos(1_764_950_460_123_456_789);
+
 /// The kubelet fallback's parser of `/metrics/resource` ([`kubelet_parse::parse`]), on the
-/// input as text (lossy UTF-8).
+/// input as text (lossy UTF-8), fetched at [`SCRAPED_AT`].
 ///
 /// Input layout: the whole input is the answer's body.
 ///
 /// Invariants: no panic; an error names a line of the text (1-based), and `TooMany` comes
 /// only with more than [`MAX_SAMPLES`] lines; on success, every pod has at least one
-/// container, every reading's timestamp is a whole number of milliseconds, and it is zero
+/// container, every reading's timestamp is a whole number of milliseconds (its sample's, or
+/// [`SCRAPED_AT`] for a sample without one), and it is zero
 /// only if the text has both a CPU and a memory sample of that kind (node or container) with
 /// timestamp 0 (the parser takes a zero CPU timestamp as absent and falls back to the memory
 /// one, but accepts a zero there: nothing in it requires a non-zero timestamp); the result,
@@ -749,7 +754,7 @@ fn check_rfc3339(s: &str) {
 pub fn kubelet_resource(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let lines = text.lines().count();
-    let resource = match kubelet_parse::parse(&text) {
+    let resource = match kubelet_parse::parse(&text, SCRAPED_AT) {
         Ok(r) => r,
         Err(ParseError::Line { line, reason }) => {
             assert!(
@@ -779,7 +784,7 @@ pub fn kubelet_resource(data: &[u8]) {
         }
     }
     let rendered = render_resource(&resource);
-    let again = match kubelet_parse::parse(&rendered) {
+    let again = match kubelet_parse::parse(&rendered, SCRAPED_AT) {
         Ok(r) => r,
         Err(e) => panic!("{resource:?} renders as {rendered:?}, which does not parse: {e}"),
     };
@@ -1007,7 +1012,7 @@ mod tests {
                 ..Resource::default()
             };
             let text = render_resource(&resource);
-            match kubelet_parse::parse(&text) {
+            match kubelet_parse::parse(&text, SCRAPED_AT) {
                 Ok(Resource { node: Some(r), .. }) => r.cpu.0,
                 other => panic!("{nanos} read back as {other:?}"),
             }

@@ -19,7 +19,8 @@
 //! The clusters' builds (about 35 minutes of a cold run) start in the background right
 //! after stage 1 ([`ClusterPrebuild`]), as `SCHED_IDLE` processes: they take only the CPU
 //! the lints and tests leave idle, and stage 5 waits for its release's build. They include
-//! the images, of which the arm64 agent image boots in an arm64 VM (`cluster::agent_in_vm`).
+//! the images; booting the arm64 agent image in an arm64 VM (`cluster::agent_in_vm`) is
+//! left to stage 5's `up`, in the foreground.
 //!
 //! With `CI=true` nothing may skip: the accuracy test fails instead of skipping, and the
 //! VM and cluster stages cannot be turned off.
@@ -157,9 +158,9 @@ pub fn run(opts: &Options) -> Result<()> {
         if !opts.no_vm {
             vm::ensure_prereqs(&arches)?;
         }
-        // The background build boots the arm64 agent image in a VM
-        // (`cluster::agent_in_vm`): its kernel and busybox are downloaded now, so that it
-        // never unpacks them beside the VM stage.
+        // `cluster up` boots the arm64 agent image in a VM (`cluster::agent_in_vm`): its
+        // kernel and busybox are downloaded now, in the foreground, so that nothing unpacks
+        // them beside the VM stage or the background build.
         for arch in [vm::Arch::Amd64, vm::Arch::Arm64] {
             if arch != vm::Arch::host() {
                 let kernel = vm::Kernel::newest(arch)
@@ -472,6 +473,9 @@ fn prebuild_one(
         .args(["cluster", "build", "--kubernetes", version]);
     if components_only {
         cmd.arg("--components-only");
+    } else {
+        // Idle CPU only: `up`, in the foreground, boots the arm64 agent image.
+        cmd.arg("--no-image-boot");
     }
     cmd.stdin(Stdio::null())
         .stdout(out)

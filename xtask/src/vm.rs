@@ -670,7 +670,7 @@ fn newest_package(k: Kernel, search_output: &str) -> Option<String> {
 }
 
 /// `Package Version` of the kernel unpacked for `k`, if any.
-fn installed_package(root: &Path, k: Kernel) -> Option<String> {
+pub fn installed_package(root: &Path, k: Kernel) -> Option<String> {
     let stamp = root
         .join("target")
         .join("vm")

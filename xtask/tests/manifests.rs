@@ -208,7 +208,7 @@ const CALLS: &[Call] = &[
         "nodes/metrics",
         None,
         None,
-        Why::Called("kubelet/client.rs Client::get: GET /metrics/resource"),
+        Why::Called("kubelet/client.rs Client::get: GET /metrics/resource (or the Node's path)"),
     ),
     call(
         SERVER,

@@ -1,4 +1,4 @@
-//! One `GET /metrics/resource` from one kubelet: which address and port (as
+//! One `GET /metrics/resource` from one kubelet: which address, port and path (as
 //! metrics-server chooses them), TLS (rustls), the ServiceAccount's bearer token or a client
 //! certificate, one timeout over the whole request, a bound on the body.
 
@@ -7,11 +7,32 @@ use std::{net::IpAddr, path::PathBuf, sync::Arc, time::Duration};
 use bytes::Buf as _;
 use http_body_util::{BodyExt as _, Empty, Limited};
 use k8s_openapi::api::core::v1::Node;
+use kpulse_wire::UnixNanos;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
 /// The largest answer read: a node with 110 pods answers about 100 KiB.
 pub const MAX_BODY: usize = 8 << 20;
+
+/// The kubelet's path of the resource metrics.
+pub const DEFAULT_PATH: &str = "/metrics/resource";
+/// A Node annotation naming another path for its resource metrics, as metrics-server (0.7
+/// and later) reads it: for endpoints that stand in for kubelets, such as kwok's
+/// `/metrics/nodes/<node>/metrics/resource`.
+pub const RESOURCE_METRICS_PATH: &str = "metrics.k8s.io/resource-metrics-path";
+/// The longest path taken from that annotation.
+const MAX_PATH: usize = 1024;
+
+/// Where one node's resource metrics are read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// Address (IP or name) of the node's kubelet.
+    pub host: String,
+    /// Its port.
+    pub port: u16,
+    /// The path: [`DEFAULT_PATH`] or the node's [`RESOURCE_METRICS_PATH`].
+    pub path: String,
+}
 
 /// Why a scrape gave nothing.
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +40,9 @@ pub enum ScrapeError {
     /// The node has no address of a preferred type, or no kubelet port.
     #[error("no address of the types {0:?}")]
     NoAddress(Vec<String>),
+    /// The node's [`RESOURCE_METRICS_PATH`] annotation is too long.
+    #[error("annotation {RESOURCE_METRICS_PATH}: {0}")]
+    BadPath(String),
     /// TCP connect, TLS or HTTP failed.
     #[error("{0}")]
     Transport(String),
@@ -47,6 +71,7 @@ impl ScrapeError {
     pub fn label(&self) -> &'static str {
         match self {
             ScrapeError::NoAddress(_) => "no_address",
+            ScrapeError::BadPath(_) => "bad_path",
             ScrapeError::Transport(_) => "transport",
             ScrapeError::Timeout(_) => "timeout",
             ScrapeError::Status(_) => "http_status",
@@ -101,9 +126,11 @@ impl Client {
         }
     }
 
-    /// The `host:port` of `node`'s kubelet, as metrics-server picks it: the first address
-    /// of the first preferred type that has one, and the status port or `--kubelet-port`.
-    pub fn target(&self, node: &Node) -> Result<(String, u16), ScrapeError> {
+    /// Where `node`'s kubelet answers, as metrics-server picks it: the first address of the
+    /// first preferred type that has one, the status port or `--kubelet-port`, and the path
+    /// of the node's [`RESOURCE_METRICS_PATH`] annotation (escaped as metrics-server escapes
+    /// it; at most 1 KiB) or [`DEFAULT_PATH`].
+    pub fn target(&self, node: &Node) -> Result<Target, ScrapeError> {
         let s = &self.settings;
         let status = node.status.as_ref();
         let addresses = status.and_then(|s| s.addresses.as_deref()).unwrap_or(&[]);
@@ -127,18 +154,31 @@ impl Client {
             Some(p) if s.use_node_status_port => p,
             _ => s.port,
         };
-        Ok((host, port))
+        let path = match node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RESOURCE_METRICS_PATH))
+            .filter(|p| !p.is_empty())
+        {
+            None => DEFAULT_PATH.to_string(),
+            Some(p) => checked_path(p)?,
+        };
+        Ok(Target { host, port, path })
     }
 
-    /// The text of `https://host:port/metrics/resource`, within the timeout.
-    pub async fn get(&self, host: &str, port: u16) -> Result<String, ScrapeError> {
+    /// The text of `https://host:port/path`, within the timeout, and when the request was
+    /// sent (the time of its samples that have none, as metrics-server takes it).
+    pub async fn get(&self, target: &Target) -> Result<(String, UnixNanos), ScrapeError> {
         let timeout = self.settings.timeout;
-        tokio::time::timeout(timeout, self.get_unbounded(host, port))
+        tokio::time::timeout(timeout, self.get_unbounded(target))
             .await
             .map_err(|_| ScrapeError::Timeout(timeout))?
     }
 
-    async fn get_unbounded(&self, host: &str, port: u16) -> Result<String, ScrapeError> {
+    async fn get_unbounded(&self, target: &Target) -> Result<(String, UnixNanos), ScrapeError> {
+        let Target { host, port, path } = target;
+        let (host, port) = (host.as_str(), *port);
         let transport = |what: &str, e: &dyn std::fmt::Display| {
             ScrapeError::Transport(format!("{what} {host}:{port}: {e}"))
         };
@@ -167,7 +207,7 @@ impl Client {
         } else {
             format!("{host}:{port}")
         };
-        let mut request = http::Request::get("/metrics/resource")
+        let mut request = http::Request::get(path.as_str())
             .header(http::header::HOST, authority)
             .header(http::header::ACCEPT, "text/plain");
         let token = match &self.token {
@@ -186,10 +226,12 @@ impl Client {
         let request = request
             .body(Empty::<bytes::Bytes>::new())
             .map_err(|e| transport("building a request for", &e))?;
+        // After the handshakes, which metrics-server's kept-alive connections mostly skip.
+        let sent = UnixNanos::from_system_time(std::time::SystemTime::now());
         let response = sender
             .send_request(request)
             .await
-            .map_err(|e| transport("GET /metrics/resource from", &e))?;
+            .map_err(|e| transport(&format!("GET {path} from"), &e))?;
         let status = response.status();
         let body = Limited::new(response.into_body(), MAX_BODY)
             .collect()
@@ -201,8 +243,44 @@ impl Client {
         }
         let mut buf = body?.aggregate();
         let bytes = buf.copy_to_bytes(buf.remaining());
-        String::from_utf8(bytes.to_vec()).map_err(|_| ScrapeError::Body("an answer not in UTF-8"))
+        let text = String::from_utf8(bytes.to_vec())
+            .map_err(|_| ScrapeError::Body("an answer not in UTF-8"))?;
+        Ok((text, sent))
     }
+}
+
+/// What Go's `url.URL` escapes in a path, and so metrics-server's request: every byte but
+/// the unreserved ones (`A-Z a-z 0-9 - . _ ~`) and `$ & + , / : ; = @`.
+const PATH_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'$')
+    .remove(b'&')
+    .remove(b'+')
+    .remove(b',')
+    .remove(b'/')
+    .remove(b':')
+    .remove(b';')
+    .remove(b'=')
+    .remove(b'@');
+
+/// The request path for an annotation's `path`, as metrics-server sends it: a `/` in front
+/// of a relative one, and percent-encoded as Go encodes a URL's path (a `?` or `%` is part
+/// of the path, not a query or an escape). Longer than 1 KiB is refused (a bound of ours).
+fn checked_path(path: &str) -> Result<String, ScrapeError> {
+    if path.len() > MAX_PATH {
+        let start: String = path.chars().take(64).collect();
+        return Err(ScrapeError::BadPath(format!(
+            "longer than 1 KiB: {start:?}..."
+        )));
+    }
+    let slash = if path.starts_with('/') { "" } else { "/" };
+    Ok(format!(
+        "{slash}{}",
+        percent_encoding::utf8_percent_encode(path, PATH_ESCAPED)
+    ))
 }
 
 #[cfg(test)]
@@ -253,16 +331,143 @@ mod tests {
             ],
             Some(10255),
         );
+        let at = |host: &str, port| Target {
+            host: host.into(),
+            port,
+            path: DEFAULT_PATH.into(),
+        };
         let c = client(&["InternalIP", "ExternalIP", "Hostname"], true);
-        assert_eq!(c.target(&n).expect("target"), ("10.0.0.7".into(), 10255));
+        assert_eq!(c.target(&n).expect("target"), at("10.0.0.7", 10255));
         let c = client(&["ExternalIP", "Hostname"], false);
-        assert_eq!(c.target(&n).expect("target"), ("node-1".into(), 10250));
+        assert_eq!(c.target(&n).expect("target"), at("node-1", 10250));
         // No status port: --kubelet-port.
         let bare = node(&[("InternalIP", "10.0.0.7")], None);
         let c = client(&["InternalIP"], true);
-        assert_eq!(c.target(&bare).expect("target"), ("10.0.0.7".into(), 10250));
+        assert_eq!(c.target(&bare).expect("target"), at("10.0.0.7", 10250));
         let c = client(&["ExternalIP"], true);
         assert!(matches!(c.target(&bare), Err(ScrapeError::NoAddress(_))));
+    }
+
+    /// metrics-server's node annotation for another path (kwok serves every fake node's
+    /// metrics from one server, each under its own path), escaped as Go's `url.URL` escapes
+    /// metrics-server's; past 1 KiB it fails that node's scrapes, with its own `result`
+    /// label.
+    #[test]
+    fn the_path_comes_from_the_nodes_annotation() {
+        let c = client(&["InternalIP"], true);
+        let mut n = node(&[("InternalIP", "127.0.0.1")], Some(10247));
+        let annotate = |n: &mut Node, path: &str| {
+            n.metadata.annotations = Some(
+                [(RESOURCE_METRICS_PATH.to_string(), path.to_string())]
+                    .into_iter()
+                    .collect(),
+            );
+        };
+        annotate(&mut n, "/metrics/nodes/kwok-node-0/metrics/resource");
+        assert_eq!(
+            c.target(&n).expect("target").path,
+            "/metrics/nodes/kwok-node-0/metrics/resource"
+        );
+        annotate(&mut n, "");
+        assert_eq!(c.target(&n).expect("target").path, DEFAULT_PATH);
+        // What Go's (url.URL{Path: p}).String() gives metrics-server.
+        for (annotation, sent) in [
+            ("metrics/resource", "/metrics/resource"),
+            ("/m?x=1#f", "/m%3Fx=1%23f"),
+            ("/a b/%2F", "/a%20b/%252F"),
+            ("/\u{e9}!*'()", "/%C3%A9%21%2A%27%28%29"),
+            ("/$&+,:;=@-._~", "/$&+,:;=@-._~"),
+        ] {
+            annotate(&mut n, annotation);
+            assert_eq!(c.target(&n).expect("target").path, sent, "{annotation:?}");
+        }
+        let long = format!("/{}", "a".repeat(MAX_PATH));
+        annotate(&mut n, &long);
+        let err = c.target(&n).expect_err("too long");
+        assert!(matches!(err, ScrapeError::BadPath(_)), "{err}");
+        assert_eq!(err.label(), "bad_path");
+        assert!(err.to_string().len() < 200, "{err}");
+    }
+
+    /// End to end over TLS, as kwok stands in for a kubelet: the request goes to the
+    /// annotated path, and its unstamped samples read with the time the request was sent.
+    #[tokio::test]
+    async fn a_stand_in_for_the_kubelet_is_read_at_its_path() {
+        let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])
+            .expect("a certificate");
+        let key = rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der())
+            .expect("a key");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.cert.der().clone()], key)
+            .expect("a server configuration");
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.cert.der().clone()).expect("a root");
+        let trusting = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let asked = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+        let seen = asked.clone();
+        let served = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.expect("accept");
+            let tls = acceptor.accept(tcp).await.expect("TLS");
+            let service = hyper::service::service_fn(move |req: http::Request<_>| {
+                seen.lock().push(req.uri().path().to_string());
+                async {
+                    Ok::<_, std::convert::Infallible>(http::Response::new(
+                        http_body_util::Full::new(bytes::Bytes::from_static(
+                            b"node_cpu_usage_seconds_total 3\nnode_memory_working_set_bytes 1024\n",
+                        )),
+                    ))
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await;
+        });
+        let c = Client::new(
+            Arc::new(trusting),
+            Token::Fixed("t".into()),
+            client(&["InternalIP"], true).settings,
+        );
+        let mut n = node(&[("InternalIP", "127.0.0.1")], Some(i32::from(port)));
+        n.metadata.annotations = Some(
+            [(
+                RESOURCE_METRICS_PATH.to_string(),
+                "/metrics/nodes/fake-1/metrics/resource".to_string(),
+            )]
+            .into_iter()
+            .collect(),
+        );
+        let target = c.target(&n).expect("a target");
+        let before = UnixNanos::from_system_time(std::time::SystemTime::now());
+        let (text, sent) = c.get(&target).await.expect("an answer");
+        let after = UnixNanos::from_system_time(std::time::SystemTime::now());
+        assert!(
+            before <= sent && sent <= after,
+            "{before:?} {sent:?} {after:?}"
+        );
+        let node = super::super::parse::parse(&text, sent)
+            .expect("parses")
+            .node
+            .expect("the node");
+        assert_eq!(node.timestamp.0, sent.0 / 1_000_000 * 1_000_000);
+        assert_eq!(node.memory_working_set, kpulse_wire::Bytes(1024));
+        assert_eq!(
+            asked.lock().as_slice(),
+            ["/metrics/nodes/fake-1/metrics/resource"]
+        );
+        served.abort();
     }
 
     /// A kubelet that does not answer within the timeout is a timeout, not a hang.
@@ -280,7 +485,12 @@ mod tests {
             }
         });
         let c = client(&["InternalIP"], false);
-        let err = c.get("127.0.0.1", port).await.expect_err("times out");
+        let target = Target {
+            host: "127.0.0.1".into(),
+            port,
+            path: DEFAULT_PATH.into(),
+        };
+        let err = c.get(&target).await.expect_err("times out");
         assert!(matches!(err, ScrapeError::Timeout(_)), "{err}");
         held.abort();
     }

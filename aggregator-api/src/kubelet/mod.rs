@@ -89,8 +89,8 @@ pub const INCOMPLETE_CHECK: Duration = Duration::from_secs(5);
 /// How often a node's address is looked up again (also after every failed scrape).
 const ADDRESS_MAX_AGE: Duration = Duration::from_secs(600);
 
-/// Each node's kubelet `host:port`, and when it was looked up.
-type Targets = Mutex<HashMap<String, (String, u16, Instant)>>;
+/// Where each node's kubelet answers, and when that was looked up.
+type Targets = Mutex<HashMap<String, (client::Target, Instant)>>;
 
 /// Why a node is served from its kubelet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -500,35 +500,37 @@ impl Scrape {
         }
     }
 
-    async fn target(&self) -> Result<(String, u16), client::ScrapeError> {
-        if let Some((host, port, at)) = self.targets.lock().get(&self.node) {
+    async fn target(&self) -> Result<client::Target, client::ScrapeError> {
+        if let Some((target, at)) = self.targets.lock().get(&self.node) {
             if at.elapsed() < ADDRESS_MAX_AGE {
-                return Ok((host.clone(), *port));
+                return Ok(target.clone());
             }
         }
         let node = kube::Api::<Node>::all(self.inputs.api.clone())
             .get(&self.node)
             .await
             .map_err(|e| client::ScrapeError::Api(format!("getting the Node: {e}")))?;
-        let (host, port) = self.inputs.kubelet.target(&node)?;
+        let target = self.inputs.kubelet.target(&node)?;
         self.targets
             .lock()
-            .insert(self.node.clone(), (host.clone(), port, Instant::now()));
-        Ok((host, port))
+            .insert(self.node.clone(), (target.clone(), Instant::now()));
+        Ok(target)
     }
 
     async fn scrape(&self) -> Result<(), client::ScrapeError> {
-        let (host, port) = self.target().await?;
+        let target = self.target().await?;
         let pods = kube::Api::<Pod>::all(self.inputs.api.clone());
         // From kube-apiserver's watch cache (resourceVersion=0), not a quorum read of etcd.
         let params = kube::api::ListParams::default()
             .fields(&format!("spec.nodeName={}", self.node))
             .match_any();
-        let (text, listed) = tokio::join!(
-            self.inputs.kubelet.get(&host, port),
+        let (answer, listed) = tokio::join!(
+            self.inputs.kubelet.get(&target),
             pods.list_metadata(&params)
         );
-        let resource = parse::parse(&text?)?;
+        // Samples without a timestamp take the time the request was sent (metrics-server's).
+        let (text, sent) = answer?;
+        let resource = parse::parse(&text, sent)?;
         let listed = listed
             .map_err(|e| client::ScrapeError::Api(format!("listing the node's pods: {e}")))?;
         let objects: HashMap<(String, String), (String, BTreeMap<String, String>)> = listed

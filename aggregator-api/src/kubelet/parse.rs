@@ -8,9 +8,10 @@
 //! container_memory_working_set_bytes{container="app",namespace="web",pod="web-1"} 5.2e+07 1764950399871
 //! ```
 //!
-//! Every sample carries the kubelet's own timestamp (milliseconds), which is what is
-//! served. As in metrics-server, a text that does not parse is refused whole (the node is
-//! skipped for that scrape); a container that lacks either figure or has one that is not
+//! The kubelet stamps every sample (milliseconds), and that timestamp is what is served;
+//! a sample without one (an endpoint standing in for the kubelet, such as kwok's) takes the
+//! time the request was sent, as in metrics-server. As in metrics-server, a text that does
+//! not parse is refused whole (the node is skipped for that scrape); a container that lacks either figure or has one that is not
 //! a finite, non-negative number is left out, and so is its pod (the store serves a pod
 //! only with all of its containers). A container's `container_start_time_seconds` is kept
 //! as its instance's start (a change is a restart). Comment lines, other metrics (`pod_*`,
@@ -45,7 +46,7 @@ pub const MAX_SAMPLES: usize = 200_000;
 /// One cumulative reading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reading {
-    /// The kubelet's timestamp of the reading.
+    /// The kubelet's timestamp of the reading (the request's, for a sample without one).
     pub timestamp: UnixNanos,
     /// Cumulative CPU time.
     pub cpu: CpuNanos,
@@ -101,8 +102,12 @@ impl Half {
     }
 }
 
-/// Parses one `/metrics/resource` answer.
-pub fn parse(text: &str) -> Result<Resource, ParseError> {
+/// Parses one `/metrics/resource` answer, fetched at `scraped_at`: a resource sample
+/// without a timestamp takes that time (to the millisecond), as metrics-server gives it the
+/// time its request was sent; the kubelet stamps every sample, but endpoints that stand in
+/// for it may not.
+pub fn parse(text: &str, scraped_at: UnixNanos) -> Result<Resource, ParseError> {
+    let default_timestamp = UnixNanos(scraped_at.0 / 1_000_000 * 1_000_000);
     let mut node = Half::default();
     let mut containers: BTreeMap<(String, String, String), Half> = BTreeMap::new();
     let mut samples = 0usize;
@@ -133,7 +138,7 @@ pub fn parse(text: &str) -> Result<Resource, ParseError> {
             Some(ts) => ts,
             // A start time is a time in itself.
             None if sample.name == "container_start_time_seconds" => UnixNanos(0),
-            None => return Err(fail("a resource sample without a timestamp")),
+            None => default_timestamp,
         };
         let value = figure(sample.value, seconds);
         if sample.name.starts_with("node_") {
@@ -318,9 +323,12 @@ pod_cpu_usage_seconds_total{namespace=\"shop\",pod=\"api-7d9f-x2x\"} 41.6 176495
 resource_scrape_error 0
 ";
 
+    /// When the tests' answers were fetched.
+    const AT: UnixNanos = UnixNanos(1_764_950_460_123_456_789);
+
     #[test]
     fn a_linux_node_and_its_pod() {
-        let r = parse(LINUX).expect("parses");
+        let r = parse(LINUX, AT).expect("parses");
         assert_eq!(
             r.node,
             Some(Reading {
@@ -361,7 +369,7 @@ container_memory_working_set_bytes{container=\"iis\",namespace=\"win-web\",pod=\
 container_cpu_usage_seconds_total{container=\"log-monitor\",namespace=\"win-web\",pod=\"iis-0\"} 0 1764950400000
 container_memory_working_set_bytes{container=\"log-monitor\",namespace=\"win-web\",pod=\"iis-0\"} 15728640 1764950400000
 ";
-        let r = parse(text).expect("parses");
+        let r = parse(text, AT).expect("parses");
         let node = r.node.expect("node figures");
         assert_eq!(node.cpu, CpuNanos(5_123_000_000_000));
         assert_eq!(node.memory_working_set, Bytes(3_145_700_000));
@@ -385,7 +393,7 @@ container_cpu_usage_seconds_total{container=\"main\",namespace=\"secure\",pod=\"
 container_memory_working_set_bytes{container=\"main\",namespace=\"secure\",pod=\"vm-1\"} 1048576 1764950400000
 node_cpu_usage_seconds_total 10 1764950400000
 ";
-        let r = parse(text).expect("parses");
+        let r = parse(text, AT).expect("parses");
         assert_eq!(r.node, None, "no node memory: no node figures");
         assert!(r
             .pods
@@ -403,7 +411,7 @@ node_cpu_usage_seconds_total 10 1764950400000
                 "container_cpu_usage_seconds_total{{container=\"c\",namespace=\"n\",pod=\"p\"}} {bad} 1000\n\
                  container_memory_working_set_bytes{{container=\"c\",namespace=\"n\",pod=\"p\"}} 5 1000\n"
             );
-            let r = parse(&text).expect("parses");
+            let r = parse(&text, AT).expect("parses");
             assert!(r.pods.is_empty(), "{bad}: {r:?}");
             assert_eq!(r.incomplete_pods, 1, "{bad}");
         }
@@ -413,21 +421,20 @@ node_cpu_usage_seconds_total 10 1764950400000
     fn escapes_and_spacing_in_labels() {
         let text = "container_cpu_usage_seconds_total{ pod=\"a\\\"b\" , namespace=\"n\\\\s\",container=\"c\\nd\",} 1 2\n\
                     container_memory_working_set_bytes{container=\"c\\nd\",namespace=\"n\\\\s\",pod=\"a\\\"b\"} 3 2\n";
-        let r = parse(text).expect("parses");
+        let r = parse(text, AT).expect("parses");
         let pod = &r.pods[&("n\\s".to_string(), "a\"b".to_string())];
         assert_eq!(pod["c\nd"].cpu, CpuNanos(1_000_000_000));
         assert_eq!(pod["c\nd"].timestamp, UnixNanos(2 * MS));
     }
 
-    /// Garbage, truncation and a missing timestamp refuse the answer whole (metrics-server
-    /// skips the node's scrape likewise).
+    /// Garbage and truncation inside a line refuse the answer whole (metrics-server skips
+    /// the node's scrape likewise).
     #[test]
     fn malformed_answers_are_refused_whole() {
         let cases = [
             "<html>502 Bad Gateway</html>",
             "node_cpu_usage_seconds_total",
             "node_cpu_usage_seconds_total twelve 1000",
-            "node_cpu_usage_seconds_total 12",
             "container_cpu_usage_seconds_total{container=\"c\",namespace=\"n\",pod=\"p",
             "container_cpu_usage_seconds_total{container=\"c\" namespace=\"n\"} 1 1",
             "container_cpu_usage_seconds_total{container=\"c\",namespace=\"n\"} 1 1",
@@ -437,17 +444,51 @@ node_cpu_usage_seconds_total 10 1764950400000
             "node_cpu_usage_seconds_total 1 1 extra",
         ];
         for text in cases {
-            assert!(parse(text).is_err(), "{text:?} was accepted");
+            assert!(
+                matches!(parse(text, AT), Err(ParseError::Line { line: 1, .. })),
+                "{text:?} was accepted"
+            );
         }
-        // Other metrics without timestamps are fine: only the resource series need them.
-        assert!(parse("scrape_error 0\nresource_scrape_error 0\n").is_ok());
+        assert!(parse("scrape_error 0\nresource_scrape_error 0\n", AT).is_ok());
         let truncated = &LINUX[..LINUX.rfind("node_memory_working_set_bytes").expect("there") + 29];
-        assert!(parse(truncated).is_err());
+        assert!(parse(truncated, AT).is_err());
+    }
+
+    /// kwok's stand-in for `/metrics/resource` (and any endpoint built on Prometheus's Go
+    /// client with plain gauges) stamps nothing: metrics-server gives such samples the time
+    /// it sent the request, and so does the fallback, to the millisecond. A sample that has
+    /// a timestamp keeps it.
+    #[test]
+    fn samples_without_timestamps_take_the_time_of_the_request() {
+        let text = "\
+# HELP node_cpu_usage_seconds_total Cumulative cpu time consumed by the node in core-seconds
+# TYPE node_cpu_usage_seconds_total counter
+node_cpu_usage_seconds_total 12.5
+# TYPE node_memory_working_set_bytes gauge
+node_memory_working_set_bytes 1.048576e+06
+container_cpu_usage_seconds_total{container=\"app\",namespace=\"web\",pod=\"web-1\"} 0.25
+container_memory_working_set_bytes{container=\"app\",namespace=\"web\",pod=\"web-1\"} 524288 1764950400500
+scrape_error 0
+";
+        let r = parse(text, AT).expect("parses");
+        let at_ms = UnixNanos(1_764_950_460_123_000_000);
+        let node = r.node.expect("the node");
+        assert_eq!(node.timestamp, at_ms);
+        assert_eq!(node.cpu, CpuNanos(12_500_000_000));
+        assert_eq!(node.memory_working_set, Bytes(1 << 20));
+        let app = &r.pods[&("web".to_string(), "web-1".to_string())]["app"];
+        // The CPU counter's timestamp is the reading's: here the request's.
+        assert_eq!(app.timestamp, at_ms);
+        assert_eq!(app.memory_working_set, Bytes(524_288));
+        let stamped = text.replace("0.25\n", "0.25 1764950400500\n");
+        let app = parse(&stamped, AT).expect("parses").pods
+            [&("web".to_string(), "web-1".to_string())]["app"];
+        assert_eq!(app.timestamp, UnixNanos(1_764_950_400_500_000_000));
     }
 
     #[test]
     fn samples_are_bounded() {
         let text = "x 1\n".repeat(MAX_SAMPLES + 1);
-        assert_eq!(parse(&text), Err(ParseError::TooMany(MAX_SAMPLES)));
+        assert_eq!(parse(&text, AT), Err(ParseError::TooMany(MAX_SAMPLES)));
     }
 }

@@ -1,7 +1,7 @@
 //! An agent image built for another architecture than this machine's, run on that
 //! architecture's kernel: a qemu VM (`vm::run_in_vm`, TCG) whose root file system is the
-//! image's own (its loader, C library and binary, as the container runtime would give them),
-//! booting Debian's kernel of the image's architecture with pure cgroup v2.
+//! image's files (its loader, C library and binary; every file owned by root, as the agent
+//! runs), booting Debian's kernel of the image's architecture with pure cgroup v2.
 //!
 //! The image's `kpulse-agent dump --collector ebpf` must load the embedded eBPF object there
 //! (no fallback to the cgroup files) and report a cgroup the script made and left idle with
@@ -11,8 +11,9 @@
 //! stage from a cross-built test binary; this runs the image an arm64 node would pull.
 //!
 //! The run takes about 10 s here (TCG), but the cluster builds its images on every `up`: a
-//! run that passed is remembered by the image's digest (`<dir>/checked/`), so the same image
-//! is not booted twice.
+//! run that passed is remembered by the image's digest, the kernel package and
+//! [`CHECK_VERSION`] (`<dir>/checked/`), so the same image is not booted twice on the same
+//! kernel by the same check.
 
 use std::{
     fs,
@@ -24,6 +25,8 @@ use anyhow::{bail, ensure, Context, Result};
 
 use crate::vm::{self, Arch, Kernel};
 
+/// Part of a passed run's record: raise it when the script or the comparison changes.
+const CHECK_VERSION: u32 = 1;
 /// The cgroup the script fills and leaves idle.
 const CGROUP: &str = "/kpulse-vm/image-check";
 /// Relative slack on the kernel's before/after range (the accuracy targets' ±2 %).
@@ -68,10 +71,12 @@ pub fn check(
     arch: Arch,
 ) -> Result<()> {
     let kernel = Kernel::newest(arch).with_context(|| format!("no VM kernel for {arch:?}"))?;
-    let stamp = stamp_path(dir, digest)?;
+    let package =
+        vm::installed_package(workspace, kernel).unwrap_or_else(|| kernel.package().into());
+    let stamp = stamp_path(dir, digest, &package)?;
     if let Ok(passed) = fs::read_to_string(&stamp) {
         println!(
-            "cluster: {name} for {}: this image ({digest}) already ran on kernel {kernel}: {}",
+            "cluster: {name} for {}: this image ({digest}) passed on {package} before: {}",
             arch.debian(),
             passed.trim()
         );
@@ -121,8 +126,11 @@ pub fn check(
             outcome.output
         )
     })?;
+    // The kernel the VM booted (downloaded by the run if it was not there).
+    let package = vm::installed_package(workspace, kernel).unwrap_or(package);
+    let stamp = stamp_path(dir, digest, &package)?;
     let summary = format!(
-        "{report} (kernel {kernel}, {:.0} s)",
+        "{report} ({package}, {:.0} s)",
         started.elapsed().as_secs_f64()
     );
     println!("cluster: {name} for {}: {summary}", arch.debian());
@@ -134,8 +142,9 @@ pub fn check(
         .with_context(|| format!("cannot write {}", stamp.display()))
 }
 
-/// Where a passed run of the image `digest` is remembered.
-fn stamp_path(dir: &Path, digest: &str) -> Result<PathBuf> {
+/// Where a passed run of the image `digest` on the kernel of Debian package `package`
+/// (`name version`) is remembered.
+fn stamp_path(dir: &Path, digest: &str, package: &str) -> Result<PathBuf> {
     let (algorithm, hex) = digest
         .split_once(':')
         .filter(|(a, h)| {
@@ -145,7 +154,21 @@ fn stamp_path(dir: &Path, digest: &str) -> Result<PathBuf> {
                 && h.bytes().all(|b| b.is_ascii_hexdigit())
         })
         .with_context(|| format!("{digest:?} is not an image digest"))?;
-    Ok(dir.join("checked").join(format!("{algorithm}-{hex}")))
+    ensure!(!package.is_empty(), "no kernel package");
+    // Debian's names and versions, with the space between and an epoch's colon as `_`.
+    let package: String = package
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "+-.~".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    Ok(dir
+        .join("checked")
+        .join(format!("{algorithm}-{hex}.{package}.v{CHECK_VERSION}")))
 }
 
 /// The kernel's figures for the idle cgroup, as the script printed them.
@@ -237,7 +260,7 @@ impl Report {
     fn check(&self) -> Result<()> {
         let (b, a) = (self.before, self.after);
         ensure!(
-            b.usage_usec * 1000 >= MIN_CPU_NS && b.memory_current >= MIN_MEMORY_BYTES,
+            b.usage_usec.saturating_mul(1000) >= MIN_CPU_NS && b.memory_current >= MIN_MEMORY_BYTES,
             "the cgroup had too little to compare ({} µs, {} bytes)",
             b.usage_usec,
             b.memory_current
@@ -332,23 +355,37 @@ mod tests {
         );
         let fallback = Report::parse(&output(52_311_000, "cgroupfs")).err();
         assert!(fallback.is_some_and(|e| e.to_string().contains("not eBPF")));
+        let fails_with = |text: &str, what: &str| {
+            let e = Report::parse(text).err().map(|e| e.to_string());
+            assert!(
+                e.as_deref().is_some_and(|e| e.contains(what)),
+                "{e:?} instead of {what:?}"
+            );
+        };
         let missing = output(52_311_000, "ebpf").replace(CGROUP, "/elsewhere");
-        assert!(Report::parse(&missing).is_err());
+        fails_with(&missing, "reported no cgroup");
         let no_after = output(52_311_000, "ebpf").replace("kernel after", "x");
-        assert!(Report::parse(&no_after).is_err());
+        fails_with(&no_after, "no kernel figures after");
         let idle = output(0, "ebpf").replace("52311", "0");
-        assert!(Report::parse(&idle).is_err(), "nothing to compare passed");
+        fails_with(&idle, "too little to compare");
     }
 
     #[test]
     fn stamps_are_named_by_digest_only() -> Result<()> {
         let dir = Path::new("/d");
+        let package = "linux-image-6.12.117+deb12-cloud-arm64 6.12.117-1~deb12u1";
         assert_eq!(
-            stamp_path(dir, "sha256:0a1f")?,
-            Path::new("/d/checked/sha256-0a1f")
+            stamp_path(dir, "sha256:0a1f", package)?,
+            Path::new(
+                "/d/checked/sha256-0a1f.linux-image-6.12.117+deb12-cloud-arm64_6.12.117-1~deb12u1.v1"
+            )
         );
-        assert!(stamp_path(dir, "sha256:../x").is_err());
-        assert!(stamp_path(dir, "").is_err());
+        assert!(stamp_path(dir, "sha256:../x", package).is_err());
+        assert!(stamp_path(dir, "", package).is_err());
+        assert_eq!(
+            stamp_path(dir, "sha256:0a1f", "../x")?,
+            Path::new("/d/checked/sha256-0a1f..._x.v1")
+        );
         Ok(())
     }
 

@@ -299,7 +299,7 @@ impl Builder {
     /// Builds kpulse's images from the Containerfile, for every architecture of [`ARCHES`],
     /// each a manifest list; checks that every architecture's binary is there and runs;
     /// returns the archives.
-    pub fn kpulse_images(&self) -> Result<Vec<Archive>> {
+    pub fn kpulse_images(&self, boot: bool) -> Result<Vec<Archive>> {
         let revision = crate::exec::output(
             Command::new("git")
                 .current_dir(&self.root)
@@ -344,7 +344,7 @@ impl Builder {
                 "cluster: {name} built in {:.0} s",
                 started.elapsed().as_secs_f64()
             );
-            self.check_instances(name, target)?;
+            self.check_instances(name, target, boot)?;
             archives.push(self.archive_manifest(name)?);
         }
         Ok(archives)
@@ -353,7 +353,7 @@ impl Builder {
     /// Every architecture's image of manifest list `name` holds `/usr/local/bin/<binary>` for
     /// that architecture, and it runs there: natively, or under `qemu-<machine>` (user mode)
     /// with the image's own C library.
-    fn check_instances(&self, name: &str, target: &str) -> Result<()> {
+    fn check_instances(&self, name: &str, target: &str, boot: bool) -> Result<()> {
         let json = crate::exec::output(self.buildah().args(["manifest", "inspect", name]))?;
         let instances = manifest_instances(&json)?;
         ensure!(
@@ -398,7 +398,12 @@ impl Builder {
                 };
                 let out = crate::exec::output(cmd.arg("--version"))
                     .with_context(|| format!("{name} for {arch}: {binary} --version"))?;
-                if target == AGENT_TARGET && want != crate::vm::Arch::host() {
+                if target == AGENT_TARGET && want != crate::vm::Arch::host() && !boot {
+                    println!(
+                        "cluster: {name} for {arch}: not booted on its kernel now \
+                         (--no-image-boot): the next `up` or `build` does"
+                    );
+                } else if target == AGENT_TARGET && want != crate::vm::Arch::host() {
                     let digest = instances.get(arch).map_or("", String::as_str);
                     super::agent_in_vm::check(
                         &self.root,

@@ -98,6 +98,11 @@ pub struct BuildOptions {
     /// release; `cargo xtask test` builds them once, with the first release).
     #[arg(long)]
     components_only: bool,
+    /// Build the images, but leave booting the other architectures' agent images on their
+    /// kernels (`agent_in_vm`) to the next `up` or `build`: `cargo xtask test` passes it to
+    /// its background build, which gets only idle CPU while the VM stage's guests take all.
+    #[arg(long)]
+    no_image_boot: bool,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
@@ -121,7 +126,7 @@ pub fn run(opts: &Options) -> Result<()> {
             if o.components_only {
                 build_components(&dirs, &release).map(|_| ())
             } else {
-                build_all(&root, &dirs, &release).map(|_| ())
+                build_all(&root, &dirs, &release, !o.no_image_boot).map(|_| ())
             }
         }
     }
@@ -232,7 +237,14 @@ fn build_components(
     Ok((kube, others))
 }
 
-fn build_all(root: &Path, dirs: &Dirs, release: &versions::Release) -> Result<Built> {
+/// Builds everything `up` runs; `boot_images`: also boot the other architectures' agent
+/// images on their kernels (`agent_in_vm`).
+fn build_all(
+    root: &Path,
+    dirs: &Dirs,
+    release: &versions::Release,
+    boot_images: bool,
+) -> Result<Built> {
     let started = Instant::now();
     let (kube, others) = build_components(dirs, release)?;
     let find = |name: &str| -> Result<&gobuild::Component> {
@@ -244,7 +256,7 @@ fn build_all(root: &Path, dirs: &Dirs, release: &versions::Release) -> Result<Bu
     let bin_dir = |c: &gobuild::Component| c.dir(&dirs.build).join("bin");
     let builder = images::Builder::new(root)?;
     builder.base_images()?;
-    let mut archives = builder.kpulse_images()?;
+    let mut archives = builder.kpulse_images(boot_images)?;
     let coredns = find("coredns")?;
     let ms = find("metrics-server")?;
     archives.extend(builder.addon_images(
@@ -278,7 +290,7 @@ fn up(opts: &UpOptions) -> Result<()> {
     }
     preflight()?;
     let started = Instant::now();
-    let built = build_all(&root, &dirs, &release)?;
+    let built = build_all(&root, &dirs, &release, true)?;
     dirs.create()?;
     fs::write(dirs.state.join("release"), release.kubernetes)?;
     let result = start(&dirs, &built, &release).and_then(|()| {

@@ -284,6 +284,9 @@ pub fn run(opts: &Options) -> Result<()> {
                     timeout: Duration::from_secs(600 * VM_TESTS.len() as u64),
                     memory_mib: 1024,
                     cpus: 2,
+                    tap: None,
+                    cancel: None,
+                    pid_file: None,
                 },
             )
             .with_context(|| format!("VM run of {} on kernel {k}", VM_TESTS.join(", ")))?;

@@ -148,6 +148,8 @@ impl Arch {
         }
     }
 }
+/// The MAC address of `cargo xtask vm --tap`'s card (locally administered, qemu's prefix).
+pub const TAP_MAC: &str = "52:54:00:6b:70:01";
 /// Prefix of the exit-status line the guest writes after the test; a token and code follow.
 const MARKER_PREFIX: &str = "KPULSE-EXIT-";
 /// Environment variable that keeps a run's staging directory (initramfs, serial logs).
@@ -282,6 +284,10 @@ pub struct Options {
     /// Guest vCPUs.
     #[arg(long, default_value_t = 2)]
     cpus: u32,
+    /// A network card on this host's tap device (made and bridged beforehand), MAC
+    /// [`TAP_MAC`].
+    #[arg(long, value_name = "DEVICE")]
+    tap: Option<String>,
     /// Environment variable for the test (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env_arg)]
     env: Vec<(String, String)>,
@@ -337,6 +343,14 @@ pub struct VmRun<'a> {
     pub memory_mib: u32,
     /// Guest vCPUs.
     pub cpus: u32,
+    /// A network card on this host's tap device of that name (made and attached to a bridge
+    /// by the caller), with this MAC address; `None`: no network but loopback.
+    pub tap: Option<(&'a str, &'a str)>,
+    /// Set by another thread: the VM is killed and the run fails ("cancelled").
+    pub cancel: Option<&'a std::sync::atomic::AtomicBool>,
+    /// Where qemu's PID is written while it runs (so that whoever cleans up after a killed
+    /// caller can end it), removed when it ends.
+    pub pid_file: Option<&'a Path>,
 }
 
 /// What a VM run reported.
@@ -397,6 +411,9 @@ pub fn run(opts: &Options) -> Result<()> {
             timeout: Duration::from_secs(opts.timeout),
             memory_mib: opts.memory,
             cpus: opts.cpus,
+            tap: opts.tap.as_deref().map(|t| (t, TAP_MAC)),
+            cancel: None,
+            pid_file: None,
         };
         let started = Instant::now();
         let result = run_in_vm_retrying(&root, &vm);
@@ -794,27 +811,46 @@ pub fn run_in_vm(root: &Path, run: &VmRun) -> Result<VmOutcome> {
     .arg(chardev_file("console", &console_log)?)
     .arg("-chardev")
     .arg(chardev_file("output", &output_log)?)
-    .args(arch.qemu_machine_args())
-    .arg("-kernel")
-    .arg(&vmlinuz)
-    .arg("-initrd")
-    .arg(&initramfs)
-    .args([
-        "-append",
-        &format!("console={} {KERNEL_ARGS}", arch.console()),
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(qemu_stderr);
+    .args(arch.qemu_machine_args());
+    if let Some((tap, mac)) = run.tap {
+        cmd.arg("-netdev")
+            .arg(format!("tap,id=net0,ifname={tap},script=no,downscript=no"))
+            .arg("-device")
+            .arg(format!("virtio-net-pci,netdev=net0,mac={mac}"));
+    }
+    cmd.arg("-kernel")
+        .arg(&vmlinuz)
+        .arg("-initrd")
+        .arg(&initramfs)
+        .args([
+            "-append",
+            &format!("console={} {KERNEL_ARGS}", arch.console()),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(qemu_stderr);
     let mut qemu = Qemu(Some(
         cmd.spawn()
             .with_context(|| format!("failed to start {cmd:?}"))?,
     ));
+    let _pid_file = match (run.pid_file, qemu.0.as_ref()) {
+        (Some(path), Some(child)) => Some(PidFile::write(path, child.id())?),
+        _ => None,
+    };
 
     let deadline = Instant::now() + run.timeout;
     let status = loop {
         if let Some(status) = qemu.try_wait()? {
             break status;
+        }
+        if run.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            qemu.kill();
+            let output = read_lossy(&output_log).unwrap_or_default();
+            bail!(
+                "VM with kernel {} cancelled and killed\n--- last test output lines ---\n{}",
+                run.kernel,
+                tail(&output, CONSOLE_TAIL)
+            );
         }
         if Instant::now() >= deadline {
             qemu.kill();
@@ -909,6 +945,23 @@ impl Qemu {
 impl Drop for Qemu {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A file holding qemu's PID while it runs; removed when dropped.
+struct PidFile(PathBuf);
+
+impl PidFile {
+    fn write(path: &Path, pid: u32) -> Result<PidFile> {
+        fs::write(path, format!("{pid}\n"))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(PidFile(path.to_path_buf()))
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
     }
 }
 
@@ -1738,6 +1791,9 @@ linux-image-6.12.118+deb12-cloud-arm64 - Linux 6.12 for arm64 cloud (signed)
             timeout: Duration::from_secs(1),
             memory_mib: 1024,
             cpus: 2,
+            tap: None,
+            cancel: None,
+            pid_file: None,
         };
         let script = init_script("/kpulse/prog", &run, "tok");
         assert!(script.starts_with("#!/bin/sh\n"));

@@ -109,6 +109,9 @@ pub fn check(
             timeout: TIMEOUT,
             memory_mib: 1024,
             cpus: 2,
+            tap: None,
+            cancel: None,
+            pid_file: None,
         },
     )
     .with_context(|| format!("{name} for {}: the VM run", arch.debian()))?;

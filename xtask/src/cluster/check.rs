@@ -189,9 +189,17 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>, with_faults: bool)
         ),
     ];
     let failure_modes = failure_modes.into_iter().filter(|_| with_faults);
+    // Last of all: a second node, emulated, that runs the agent's arm64 image. It joins
+    // and leaves the cluster, so nothing after it would find the one node it expects.
+    let arm64: (&str, Check) = (
+        "an arm64 node (qemu, Debian's arm64 kernel) runs the agent and is served from it",
+        super::arm64_node::check,
+    );
+    let arm64 = std::iter::once(arm64).filter(|_| with_faults);
     for (name, check) in std::iter::once(own_kubectl)
         .chain(last)
         .chain(failure_modes)
+        .chain(arm64)
     {
         if ctx.wants(name) {
             let r = check(&ctx);
@@ -1117,6 +1125,36 @@ pub(super) fn running_pods(ctx: &Ctx<'_>) -> Result<std::collections::BTreeSet<S
             })
             .collect(),
     )
+}
+
+/// Polls `f` every `every` until it gives a value, and returns it; errors count as "not
+/// yet" (the last is in the timeout's message). `abort` is asked first each time, and its
+/// error ends the wait at once (what is waited on is gone).
+pub(super) fn poll<T>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    abort: impl Fn() -> Result<()>,
+    mut f: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let start = Instant::now();
+    let mut last_error = None;
+    loop {
+        abort().with_context(|| format!("{what}: given up"))?;
+        match f() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_error = Some(format!("{e:#}")),
+        }
+        if start.elapsed() >= timeout {
+            bail!(
+                "{what}: not within {} s{}",
+                timeout.as_secs(),
+                last_error.map(|e| format!(" ({e})")).unwrap_or_default()
+            );
+        }
+        thread::sleep(every);
+    }
 }
 
 /// Waits until namespace `ns` (an earlier check's, deleted without waiting) is gone.

@@ -120,12 +120,30 @@ pub fn scheduler(pki: &Pki) -> Vec<String> {
     control_plane_client(pki, "scheduler.kubeconfig")
 }
 
+/// Where one node's containerd keeps its state and finds its helpers (this machine's node,
+/// or the arm64 node's, `arm64_node.rs`).
+pub struct ContainerdNode {
+    pub root: String,
+    pub state: String,
+    pub socket: String,
+    pub runc: String,
+    pub cni_bin: String,
+    pub cni_conf: String,
+    /// runc is told not to `pivot_root`: the arm64 node's root file system is an
+    /// initramfs, which pivot_root(2) refuses (EINVAL).
+    pub no_pivot_root: bool,
+}
+
 /// containerd's configuration (version 3): CRI with runc (cgroupfs driver), the pause
 /// image built here pinned as the sandbox, CNI from the plugins built here.
-pub fn containerd_config(dirs: &Dirs, cni_bin: &Path, runc: &Path) -> Result<std::path::PathBuf> {
-    let sock = dirs.containerd_socket();
-    let text = format!(
-        r#"# Written by `cargo xtask cluster up`.
+pub fn containerd_text(node: &ContainerdNode) -> String {
+    let no_pivot = if node.no_pivot_root {
+        "  # The root file system is an initramfs, which pivot_root(2) refuses.\n  NoPivotRoot = true\n"
+    } else {
+        ""
+    };
+    format!(
+        r#"# Written by `cargo xtask cluster`.
 version = 3
 root = "{root}"
 state = "{state}"
@@ -164,7 +182,7 @@ state = "{state}"
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
   BinaryName = "{runc}"
   SystemdCgroup = false
-
+{no_pivot}
 [plugins.'io.containerd.cri.v1.runtime'.cni]
   bin_dirs = ["{cni_bin}"]
   conf_dir = "{cni_conf}"
@@ -172,14 +190,27 @@ state = "{state}"
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = "127.0.0.1"
 "#,
-        root = p(&dirs.data.join("containerd")),
-        state = p(&dirs.run.join("containerd")),
-        sock = p(&sock),
+        root = node.root,
+        state = node.state,
+        sock = node.socket,
         pause = images::pause_image(),
-        runc = p(runc),
-        cni_bin = p(cni_bin),
-        cni_conf = p(&dirs.etc.join("cni")),
-    );
+        runc = node.runc,
+        cni_bin = node.cni_bin,
+        cni_conf = node.cni_conf,
+    )
+}
+
+/// This machine's node's containerd configuration, written under `dirs.etc`.
+pub fn containerd_config(dirs: &Dirs, cni_bin: &Path, runc: &Path) -> Result<std::path::PathBuf> {
+    let text = containerd_text(&ContainerdNode {
+        root: p(&dirs.data.join("containerd")),
+        state: p(&dirs.run.join("containerd")),
+        socket: p(&dirs.containerd_socket()),
+        runc: p(runc),
+        cni_bin: p(cni_bin),
+        cni_conf: p(&dirs.etc.join("cni")),
+        no_pivot_root: false,
+    });
     write(&dirs.etc.join("containerd.toml"), &text)
 }
 
@@ -214,23 +245,42 @@ pub fn cni_config(dirs: &Dirs) -> Result<std::path::PathBuf> {
     )
 }
 
-/// The kubelet: cgroupfs driver (as containerd's runc), pods below
-/// [`host::PODS_CGROUP`], cgroup v1 allowed (this machine's hybrid layout; kubelet 1.35+
-/// refuses v1 unless told), x509 and webhook authentication,
+/// What differs between one node's kubelet and another's (this machine's node, or the
+/// arm64 node's, `arm64_node.rs`).
+pub struct KubeletNode {
+    /// The node's address: where the kubelet serves.
+    pub address: String,
+    pub client_ca: String,
+    pub cert: String,
+    pub key: String,
+    /// The cgroup its `kubepods` tree goes below; `None`: the root.
+    pub cgroup_root: Option<String>,
+    /// containerd's socket.
+    pub socket: String,
+    pub resolv_conf: String,
+    pub pod_logs: String,
+    /// Registered with this `NoSchedule` taint.
+    pub taint: Option<String>,
+}
+
+/// The kubelet: cgroupfs driver (as containerd's runc), cgroup v1 allowed (this machine's
+/// hybrid layout; kubelet 1.35+ refuses v1 unless told), x509 and webhook authentication,
 /// webhook authorization, no image garbage collection (images cannot be pulled again), and
 /// a resolv.conf without upstream servers (DNS never leaves the cluster).
-pub fn kubelet_config(dirs: &Dirs, pki: &Pki) -> Result<std::path::PathBuf> {
-    let resolv = dirs.etc.join("resolv.conf");
-    write(
-        &resolv,
-        "# No upstream resolvers: names outside the cluster do not resolve.\noptions ndots:5\n",
-    )?;
-    let endpoint = format!("unix://{}", p(&dirs.containerd_socket()));
-    let text = format!(
-        r#"# Written by `cargo xtask cluster up`.
+pub fn kubelet_text(node: &KubeletNode) -> String {
+    let endpoint = format!("unix://{}", node.socket);
+    let cgroup_root = node
+        .cgroup_root
+        .as_ref()
+        .map_or(String::new(), |c| format!("cgroupRoot: {c}\n"));
+    let taints = node.taint.as_ref().map_or(String::new(), |t| {
+        format!("registerWithTaints:\n  - key: {t}\n    effect: NoSchedule\n")
+    });
+    format!(
+        r#"# Written by `cargo xtask cluster`.
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: {node_ip}
+address: {address}
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -250,8 +300,7 @@ rotateCertificates: false
 serverTLSBootstrap: false
 cgroupDriver: cgroupfs
 cgroupsPerQOS: true
-cgroupRoot: /{pods_cgroup}
-failCgroupV1: false
+{cgroup_root}failCgroupV1: false
 failSwapOn: false
 containerRuntimeEndpoint: {endpoint}
 imageServiceEndpoint: {endpoint}
@@ -268,16 +317,37 @@ evictionHard:
   imagefs.available: "1%"
   nodefs.inodesFree: "1%"
 serializeImagePulls: false
-"#,
-        node_ip = host::NODE_IP,
-        ca = p(&pki.ca.cert),
-        cert = p(&pki.kubelet.cert),
-        key = p(&pki.kubelet.key),
+{taints}"#,
+        address = node.address,
+        ca = node.client_ca,
+        cert = node.cert,
+        key = node.key,
         dns = host::DNS_SERVICE_IP,
-        pods_cgroup = host::PODS_CGROUP,
-        resolv = p(&resolv),
-        logs = p(&dirs.data.join("pod-logs")),
-    );
+        resolv = node.resolv_conf,
+        logs = node.pod_logs,
+    )
+}
+
+/// A resolv.conf without upstream servers: names outside the cluster do not resolve.
+pub const RESOLV_CONF: &str =
+    "# No upstream resolvers: names outside the cluster do not resolve.\noptions ndots:5\n";
+
+/// This machine's node's kubelet configuration: pods below [`host::PODS_CGROUP`]; written
+/// under `dirs.etc`.
+pub fn kubelet_config(dirs: &Dirs, pki: &Pki) -> Result<std::path::PathBuf> {
+    let resolv = dirs.etc.join("resolv.conf");
+    write(&resolv, RESOLV_CONF)?;
+    let text = kubelet_text(&KubeletNode {
+        address: host::NODE_IP.to_string(),
+        client_ca: p(&pki.ca.cert),
+        cert: p(&pki.kubelet.cert),
+        key: p(&pki.kubelet.key),
+        cgroup_root: Some(format!("/{}", host::PODS_CGROUP)),
+        socket: p(&dirs.containerd_socket()),
+        resolv_conf: p(&resolv),
+        pod_logs: p(&dirs.data.join("pod-logs")),
+        taint: None,
+    });
     write(&dirs.etc.join("kubelet.yaml"), &text)
 }
 

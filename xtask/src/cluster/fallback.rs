@@ -47,7 +47,7 @@ fn node_name(ctx: &Ctx<'_>) -> Result<String> {
 
 /// Where every aggregator-api replica serves `node` from (`agent`, `kubelet`), from
 /// `kpulse_aggregator_node_source`; `None` if the replicas disagree or do not say.
-fn node_source(ctx: &Ctx<'_>, node: &str) -> Result<Option<String>> {
+pub(super) fn node_source(ctx: &Ctx<'_>, node: &str) -> Result<Option<String>> {
     let prefix = format!("kpulse_aggregator_node_source{{node=\"{node}\",source=\"");
     let mut seen = BTreeSet::new();
     let texts = server_metrics(ctx)?;
@@ -164,6 +164,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 pub(super) fn node_figures(ctx: &Ctx<'_>) -> Result<String> {
     let node = node_name(ctx)?;
     wait_source(ctx, &node, "agent", Duration::from_secs(60))?;
+    node_figures_of(ctx, &node, Duration::from_secs(90))
+}
+
+/// [`node_figures`] of `node` for `duration`, with the agent serving it.
+pub(super) fn node_figures_of(ctx: &Ctx<'_>, node: &str, duration: Duration) -> Result<String> {
     // The kubelet's node series sampled about four times a second on its own thread (its
     // own timestamps; linear between samples), NodeMetrics once a second.
     let kubelet = std::sync::Mutex::new(Vec::new());
@@ -173,7 +178,7 @@ pub(super) fn node_figures(ctx: &Ctx<'_>) -> Result<String> {
     thread::scope(|scope| -> Result<()> {
         let sampler = scope.spawn(|| -> Result<()> {
             while !done.load(Ordering::Relaxed) {
-                let k = kubelet_node(ctx, &node)?;
+                let k = kubelet_node(ctx, node)?;
                 if let Ok(mut v) = kubelet.lock() {
                     if v.last().is_none_or(|l: &(f64, f64, f64)| l.0 < k.0) {
                         v.push(k);
@@ -185,13 +190,13 @@ pub(super) fn node_figures(ctx: &Ctx<'_>) -> Result<String> {
         });
         let t = Instant::now();
         let run = (|| -> Result<()> {
-            while t.elapsed() < Duration::from_secs(90) {
-                let v = ctx.json(&["get", "nodemetrics", &node])?;
+            while t.elapsed() < duration {
+                let v = ctx.json(&["get", "nodemetrics", node])?;
                 let ts = rfc3339(v["timestamp"].as_str().context("timestamp")?)?;
                 let window = humantime::parse_duration(v["window"].as_str().context("window")?)?;
                 let cpu = quantity(v["usage"]["cpu"].as_str().context("cpu")?)?;
                 let mem = quantity(v["usage"]["memory"].as_str().context("memory")?)?;
-                let k = kubelet_node(ctx, &node)?;
+                let k = kubelet_node(ctx, node)?;
                 mem_diffs.push((mem - k.2) / k.2);
                 // The timestamp is served in whole seconds (truncated): the reading lies
                 // within the second.
@@ -209,6 +214,13 @@ pub(super) fn node_figures(ctx: &Ctx<'_>) -> Result<String> {
     let kubelet = kubelet
         .into_inner()
         .map_err(|_| anyhow::anyhow!("the kubelet samples' lock was poisoned"))?;
+    // Had the agent gone silent meanwhile, the kubelet fallback would have served the node
+    // and this would compare the kubelet with itself.
+    let source = node_source(ctx, node)?;
+    ensure!(
+        source.as_deref() == Some("agent"),
+        "after the comparison the replicas serve {node} from {source:?}, not all from its agent"
+    );
     let cpu_diffs: Vec<f64> = served
         .iter()
         .filter_map(|&(end, window, cores)| {

@@ -31,7 +31,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use anyhow::{anyhow, bail, ensure, Context, Result};
+use anyhow::{anyhow, ensure, Context, Result};
 use serde_json::Value;
 
 use super::{check::Ctx, host, pki};
@@ -121,23 +121,13 @@ fn wait_until(
     timeout: Duration,
     mut ok: impl FnMut() -> Result<bool>,
 ) -> Result<Instant> {
-    let start = Instant::now();
-    let mut last_error = None;
-    loop {
-        match ok() {
-            Ok(true) => return Ok(Instant::now()),
-            Ok(false) => {}
-            Err(e) => last_error = Some(format!("{e:#}")),
-        }
-        if start.elapsed() >= timeout {
-            bail!(
-                "{what}: not within {} s{}",
-                timeout.as_secs(),
-                last_error.map(|e| format!(" ({e})")).unwrap_or_default()
-            );
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
+    super::check::poll(
+        what,
+        timeout,
+        Duration::from_millis(100),
+        || Ok(()),
+        || Ok(ok()?.then(Instant::now)),
+    )
 }
 
 fn secs(from: Instant, to: Instant) -> f64 {

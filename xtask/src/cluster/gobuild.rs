@@ -45,12 +45,35 @@ pub struct Component {
     /// A `main.go` of the wrapper module itself, built as [`Component::own_main`] instead
     /// of a command of the wrapped module (CoreDNS with a chosen plugin list).
     pub main_go: Option<&'static str>,
+    /// Built for another architecture than this machine's (`GOARCH`, Go's and Debian's
+    /// name): the wrapper's directory is `<name>-<version>-<arch>`. With cgo, the C parts
+    /// are built by [`Cross::cc`] and the binary is linked statically against
+    /// [`Cross::sysroot`]'s libraries (found by pkg-config), as upstream's static release
+    /// builds are (a guest of another architecture has no C library for it).
+    pub cross: Option<Cross>,
+}
+
+/// Another architecture's build of a component (see [`Component::cross`]).
+#[derive(Debug, Clone)]
+pub struct Cross {
+    /// `GOARCH`.
+    pub goarch: &'static str,
+    /// The C cross-compiler (cgo only).
+    pub cc: &'static str,
+    /// The root of that architecture's unpacked `-dev` packages (cgo only): pkg-config's
+    /// sysroot, its `.pc` files under `usr/lib/<triplet>/pkgconfig`.
+    pub sysroot: Option<PathBuf>,
+    /// The triplet of the sysroot's library directory (`aarch64-linux-gnu`).
+    pub triplet: &'static str,
 }
 
 impl Component {
     /// Where the wrapper module and `bin/` live.
     pub fn dir(&self, build_root: &Path) -> PathBuf {
-        build_root.join(format!("{}-{}", self.name, self.version))
+        match &self.cross {
+            None => build_root.join(format!("{}-{}", self.name, self.version)),
+            Some(c) => build_root.join(format!("{}-{}-{}", self.name, self.version, c.goarch)),
+        }
     }
 
     /// The binary `name` (a command's last path element, or a rename's new name).
@@ -71,6 +94,23 @@ impl Component {
             p.push(self.own_main());
         }
         p
+    }
+
+    /// `-tags`: the component's, and for a static cgo build glibc-free user and host
+    /// lookups (`osusergo`, `netgo`: a static glibc cannot load its NSS modules).
+    pub fn build_tags(&self) -> String {
+        let mut tags = self.tags.to_string();
+        if self.cgo && self.cross.is_some() {
+            // Go splits on commas if there are any, else on spaces.
+            let sep = if tags.contains(',') { ',' } else { ' ' };
+            for t in ["netgo", "osusergo"] {
+                if !tags.is_empty() {
+                    tags.push(sep);
+                }
+                tags.push_str(t);
+            }
+        }
+        tags
     }
 
     /// The names of the binaries in `bin/`.
@@ -130,6 +170,7 @@ pub fn kubernetes(release: &Release) -> Component {
         renames: &[],
         cgo: false,
         main_go: None,
+        cross: None,
     }
 }
 
@@ -147,6 +188,7 @@ pub fn node_components(release: &Release) -> Vec<Component> {
         renames: &[],
         cgo: false,
         main_go: None,
+        cross: None,
     };
     vec![
         // server/v3's root package is etcd's main.
@@ -372,11 +414,13 @@ pub fn build(component: &Component, build_root: &Path) -> Result<()> {
     let label = format!("{} {}", component.name, component.version);
     let wrapped = module_go_mod(&go_bin, &dir, component.module, component.version)?;
     let generated = wrapper_go_mod(component, &wrapped)?;
+    let tags = component.build_tags();
     let stamp_text = format!(
-        "{generated}\n# tags: {}\n# gcflags: {GCFLAGS}\n# ldflags: {}\n# cgo: {}\n# main.go:\n{}",
-        component.tags,
+        "{generated}\n# tags: {tags}\n# gcflags: {GCFLAGS}\n# ldflags: {}\n# cgo: {}\n# cross: {:?}\n\
+         # main.go:\n{}",
         component.ldflags_x.join(" "),
         component.cgo,
+        component.cross,
         component.main_go.unwrap_or("")
     );
     let stamp = dir.join("built.stamp");
@@ -411,9 +455,28 @@ pub fn build(component: &Component, build_root: &Path) -> Result<()> {
     if component.cgo {
         cmd.env("CGO_ENABLED", "1");
     }
+    if let Some(cross) = &component.cross {
+        cmd.env("GOARCH", cross.goarch);
+        if component.cgo {
+            let sysroot = cross
+                .sysroot
+                .as_ref()
+                .with_context(|| format!("{label}: cgo for {} needs a sysroot", cross.goarch))?;
+            cmd.env("CC", cross.cc)
+                .env(
+                    "PKG_CONFIG_LIBDIR",
+                    sysroot
+                        .join("usr/lib")
+                        .join(cross.triplet)
+                        .join("pkgconfig"),
+                )
+                .env("PKG_CONFIG_SYSROOT_DIR", sysroot);
+            ldflags.push_str(" -linkmode external -extldflags -static");
+        }
+    }
     cmd.args(["build", "-trimpath"]);
-    if !component.tags.is_empty() {
-        cmd.args(["-tags", component.tags]);
+    if !tags.is_empty() {
+        cmd.args(["-tags", &tags]);
     }
     cmd.args(["-gcflags", GCFLAGS, "-ldflags", &ldflags, "-o"])
         .arg(format!("{}/", bin.display()))
@@ -546,5 +609,48 @@ mod tests {
         assert_eq!(command_name("k8s.io/kubernetes/cmd/kubelet"), "kubelet");
         assert_eq!(command_name("go.etcd.io/etcd/server/v3"), "server");
         assert_eq!(command_name("github.com/coredns/coredns"), "coredns");
+    }
+
+    /// Another architecture's build has its own directory; a static cgo build gets Go's
+    /// own user and host lookups, in the separator the component's tags use.
+    #[test]
+    fn cross_builds_live_apart_and_static_cgo_adds_go_lookups() {
+        let components = node_components(&versions::RELEASES[0]);
+        let find = |name: &str| {
+            components
+                .iter()
+                .find(|c| c.name == name)
+                .cloned()
+                .expect("a component")
+        };
+        let root = Path::new("/b");
+        let mut runc = find("runc");
+        assert_eq!(runc.build_tags(), "seccomp urfave_cli_no_docs");
+        let native = runc.dir(root);
+        runc.cross = Some(Cross {
+            goarch: "arm64",
+            cc: "aarch64-linux-gnu-gcc",
+            sysroot: Some(PathBuf::from("/s")),
+            triplet: "aarch64-linux-gnu",
+        });
+        assert_ne!(runc.dir(root), native);
+        assert!(
+            runc.dir(root).ends_with("runc-1.5.2-arm64"),
+            "{:?}",
+            runc.dir(root)
+        );
+        assert_eq!(
+            runc.build_tags(),
+            "seccomp urfave_cli_no_docs netgo osusergo"
+        );
+        // Pure Go: the tags stay as they are.
+        let mut containerd = find("containerd");
+        containerd.cross = runc.cross.clone();
+        assert_eq!(containerd.build_tags(), "no_btrfs,no_devmapper,no_zfs");
+        containerd.cgo = true;
+        assert_eq!(
+            containerd.build_tags(),
+            "no_btrfs,no_devmapper,no_zfs,netgo,osusergo"
+        );
     }
 }

@@ -6,9 +6,10 @@
 //! (`/sys/fs/cgroup/unified` on systemd's hybrid layout), joined before exec, so that every
 //! descendant (containerd's shims too) can be found and ended; the kubelet's pods live in
 //! `kpulse-cluster-pods/kubepods` (its `cgroupRoot`), in every hierarchy. All addresses are on the bridge this module creates
-//! ([`BRIDGE`]), the service range routed onto it, or loopback. A rule at the top of
-//! iptables' FORWARD chain drops anything from the pod range that would leave by another
-//! interface, so nothing a pod sends reaches another machine.
+//! ([`BRIDGE`]), the service range routed onto it, loopback, or, while the arm64 node of
+//! `cluster check` runs, its own bridge ([`VM_BRIDGE`]). A rule at the top of iptables'
+//! FORWARD chain drops anything from the pod range that would leave by another interface
+//! than those two bridges, so nothing a pod sends reaches another machine.
 
 use std::{
     collections::BTreeSet,
@@ -35,6 +36,20 @@ pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
 pub const DNS_SERVICE_IP: &str = "10.96.0.10";
+/// The emulated arm64 node (`arm64_node`): a bridge of its own with this host's address on
+/// it, a tap device for the VM's card, and a route to the node's pods through it. Not on
+/// [`BRIDGE`]: a router that sends a packet back out of the interface it came in by would
+/// tell the pods there to go direct (ICMP redirects), and a reply that takes another path
+/// than its request is one that kube-proxy's conntrack rules may drop.
+pub const VM_BRIDGE: &str = "kpvm0";
+pub const VM_TAP: &str = "kpvmtap0";
+/// This host's address on [`VM_BRIDGE`]: the node's gateway to the cluster.
+pub const VM_HOST_IP: &str = "10.244.255.1";
+/// The arm64 node's address (its kubelet's, kpulse's fallback reads it there).
+pub const VM_NODE_IP: &str = "10.244.255.2";
+/// The arm64 node's pods (its own bridge inside the VM, host-local IPAM).
+pub const VM_POD_SUBNET: &str = "10.244.1.0/24";
+pub const VM_POD_GATEWAY: &str = "10.244.1.1";
 /// The iptables chain of the guard (filter table, jumped to first from FORWARD).
 const GUARD_CHAIN: &str = "KPULSE-CLUSTER-GUARD";
 /// Name of the cgroup holding everything started here.
@@ -228,6 +243,44 @@ pub fn network_up(dirs: &Dirs) -> Result<()> {
     guard_up()
 }
 
+/// The arm64 node's network on this side: [`VM_BRIDGE`] with [`VM_HOST_IP`], [`VM_TAP`] on
+/// it (qemu opens it by name), and [`VM_POD_SUBNET`] routed to [`VM_NODE_IP`]. Everything
+/// is inside the cluster's range, so the guard covers it; `teardown` removes it.
+pub fn vm_network_up() -> Result<()> {
+    vm_network_down()?;
+    // A cluster brought up by an older xtask has no rule for the VM's bridge: add it in
+    // front (flushing the chain would lift the DROP for a moment).
+    let rule = ["-s", CLUSTER_CIDR, "-o", VM_BRIDGE, "-j", "RETURN"];
+    if iptables(&[&["-t", "filter", "-C", GUARD_CHAIN][..], &rule].concat()).is_err() {
+        iptables(&[&["-t", "filter", "-I", GUARD_CHAIN, "1"][..], &rule].concat())?;
+    }
+    let ip = |args: &[&str]| run_quiet(Command::new("ip").args(args));
+    ip(&["link", "add", VM_BRIDGE, "type", "bridge"])?;
+    ip(&["addr", "add", &format!("{VM_HOST_IP}/24"), "dev", VM_BRIDGE])?;
+    ip(&["link", "set", VM_BRIDGE, "up"])?;
+    ip(&["tuntap", "add", "dev", VM_TAP, "mode", "tap"])?;
+    ip(&["link", "set", VM_TAP, "master", VM_BRIDGE, "up"])?;
+    ip(&[
+        "route",
+        "replace",
+        VM_POD_SUBNET,
+        "via",
+        VM_NODE_IP,
+        "dev",
+        VM_BRIDGE,
+    ])
+}
+
+/// Removes what [`vm_network_up`] made (the route goes with the bridge).
+pub fn vm_network_down() -> Result<()> {
+    for link in [VM_TAP, VM_BRIDGE] {
+        if Path::new("/sys/class/net").join(link).exists() {
+            run_quiet(Command::new("ip").args(["link", "del", link]))?;
+        }
+    }
+    Ok(())
+}
+
 /// Size of the swap file [`swap_up`] adds.
 pub const SWAP_MIB: u64 = 256;
 
@@ -322,10 +375,11 @@ fn iptables(args: &[&str]) -> Result<()> {
 fn guard_up() -> Result<()> {
     let _ = iptables(&["-t", "filter", "-N", GUARD_CHAIN]);
     iptables(&["-t", "filter", "-F", GUARD_CHAIN])?;
-    // Pod traffic that stays on the bridge (pod to pod, pod to service after DNAT) passes;
-    // anything else from the pod range is dropped.
+    // Pod traffic that stays on the bridges (pod to pod, pod to service after DNAT, to and
+    // from the arm64 node) passes; anything else from the pod range is dropped.
     for rule in [
         ["-o", BRIDGE, "-j", "RETURN"].as_slice(),
+        ["-o", VM_BRIDGE, "-j", "RETURN"].as_slice(),
         ["-j", "DROP"].as_slice(),
     ] {
         let mut args = vec!["-t", "filter", "-A", GUARD_CHAIN, "-s", CLUSTER_CIDR];
@@ -764,6 +818,9 @@ pub fn teardown(dirs: &Dirs) -> Vec<String> {
             problems.push(format!("{e:#}"));
         }
     }
+    if let Err(e) = vm_network_down() {
+        problems.push(format!("{e:#}"));
+    }
     // The veths of pods whose network namespaces are gone went with them.
     problems.extend(iptables_down());
     // After every process: what they had in swap comes back to memory, or is freed.
@@ -812,8 +869,10 @@ pub fn leftovers(dirs: &Dirs) -> Vec<String> {
             }
         }
     }
-    if Path::new("/sys/class/net").join(BRIDGE).exists() {
-        found.push(format!("network interface {BRIDGE}"));
+    for link in [BRIDGE, VM_BRIDGE, VM_TAP] {
+        if Path::new("/sys/class/net").join(link).exists() {
+            found.push(format!("network interface {link}"));
+        }
     }
     for tool in ["iptables", "ip6tables"] {
         for table in ["filter", "nat", "mangle"] {

@@ -18,7 +18,7 @@
 //!   and the agent image of every other architecture is booted on that architecture's
 //!   kernel ([`super::agent_in_vm`]).
 //! - **Cluster add-ons**: `kpulse.local/pause` (the sandbox image: `pause.c` beside this
-//!   file, static), CoreDNS and metrics-server (their static Go binaries on an empty image),
+//!   file, static, a manifest list for amd64 and arm64: the arm64 node pins it too), CoreDNS and metrics-server (their static Go binaries on an empty image),
 //!   `kpulse.local/busybox` (Debian's static busybox, for test workloads).
 //!
 //! Every image is written as an archive into `target/cluster/images/` (OCI with every
@@ -69,10 +69,12 @@ pub const DISTROLESS_NONROOT: &str = "gcr.io/distroless/cc-debian12:nonroot";
 /// The Containerfile's agent stage: its image is also run on a kernel of each other
 /// architecture (`agent_in_vm`).
 const AGENT_TARGET: &str = "agent";
+/// The agent's image, as `deploy/base/kustomization.yaml` names it.
+pub const AGENT_IMAGE: &str = "ghcr.io/kpulse/kpulse-agent:0.1.0";
 /// The kpulse images: the Containerfile's `--target` and the name `deploy/base/kustomization.yaml`
 /// gives the image.
 pub const KPULSE_IMAGES: [(&str, &str); 2] = [
-    (AGENT_TARGET, "ghcr.io/kpulse/kpulse-agent:0.1.0"),
+    (AGENT_TARGET, AGENT_IMAGE),
     (
         "aggregator-api",
         "ghcr.io/kpulse/kpulse-aggregator-api:0.1.0",
@@ -398,21 +400,25 @@ impl Builder {
                 };
                 let out = crate::exec::output(cmd.arg("--version"))
                     .with_context(|| format!("{name} for {arch}: {binary} --version"))?;
-                if target == AGENT_TARGET && want != crate::vm::Arch::host() && !boot {
-                    println!(
-                        "cluster: {name} for {arch}: not booted on its kernel now \
-                         (--no-image-boot): the next `up` or `build` does"
-                    );
-                } else if target == AGENT_TARGET && want != crate::vm::Arch::host() {
-                    let digest = instances.get(arch).map_or("", String::as_str);
-                    super::agent_in_vm::check(
-                        &self.root,
-                        &self.dir,
-                        name,
-                        digest,
-                        Path::new(&mnt),
-                        want,
-                    )?;
+                if target == AGENT_TARGET && want != crate::vm::Arch::host() {
+                    if boot {
+                        let digest = instances
+                            .get(arch)
+                            .with_context(|| format!("{name} has no {arch} image"))?;
+                        super::agent_in_vm::check(
+                            &self.root,
+                            &self.dir,
+                            name,
+                            digest,
+                            Path::new(&mnt),
+                            want,
+                        )?;
+                    } else {
+                        println!(
+                            "cluster: {name} for {arch}: not booted on its kernel now \
+                             (--no-image-boot): the next `up` or `build` does"
+                        );
+                    }
                 }
                 let _ = self
                     .buildah()
@@ -500,22 +506,7 @@ impl Builder {
 
     /// The add-on images; returns their archives.
     pub fn addon_images(&self, coredns: &Path, metrics_server: &Path) -> Result<Vec<Archive>> {
-        let mut archives = Vec::new();
-        let pause_bin = self.dir.join("pause");
-        let source = self.root.join("xtask/src/cluster/pause.c");
-        crate::exec::run(
-            Command::new("gcc")
-                .args(["-static", "-Os", "-Wall", "-Werror", "-o"])
-                .arg(&pause_bin)
-                .arg(&source),
-        )
-        .context("building the pause program needs gcc and the static C library (libc6-dev)")?;
-        archives.push(self.binary_image(
-            &pause_image(),
-            &[(&pause_bin, "/pause")],
-            "/pause",
-            Some("65535:65535"),
-        )?);
+        let mut archives = vec![self.pause_image()?];
         archives.push(self.binary_image(
             &coredns_image(),
             &[(coredns, "/coredns")],
@@ -536,6 +527,55 @@ impl Builder {
         );
         archives.push(self.busybox_image(busybox)?);
         Ok(archives)
+    }
+
+    /// The sandbox image, a manifest list of every architecture of [`ARCHES`] (the arm64
+    /// node's containerd pins the same name): `pause.c`, static, by this machine's C
+    /// compiler and by Debian's cross-compiler for the other architecture.
+    fn pause_image(&self) -> Result<Archive> {
+        let source = self.root.join("xtask/src/cluster/pause.c");
+        let mut instances = Vec::new();
+        for arch in ARCHES {
+            let compiler = c_compiler(arch)?;
+            let bin = self.dir.join(format!("pause-{arch}"));
+            crate::exec::run(
+                Command::new(compiler)
+                    .args(["-static", "-Os", "-Wall", "-Werror", "-o"])
+                    .arg(&bin)
+                    .arg(&source),
+            )
+            .with_context(|| {
+                format!(
+                    "building the {arch} pause program needs {compiler} and its static C library"
+                )
+            })?;
+            let name = format!("{}-{arch}", pause_image());
+            let rootfs = self.dir.join("rootfs").join(format!("pause-{arch}"));
+            let _ = fs::remove_dir_all(&rootfs);
+            fs::create_dir_all(&rootfs)?;
+            fs::copy(&bin, rootfs.join("pause"))
+                .with_context(|| format!("cannot copy {}", bin.display()))?;
+            self.commit_dir(
+                &rootfs,
+                &name,
+                &[
+                    "--arch".into(),
+                    arch.into(),
+                    "--os".into(),
+                    "linux".into(),
+                    "--entrypoint".into(),
+                    "[\"/pause\"]".into(),
+                    "--cmd".into(),
+                    String::new(),
+                    "--user".into(),
+                    "65535:65535".into(),
+                ],
+            )?;
+            let _ = fs::remove_dir_all(&rootfs);
+            instances.push(name);
+        }
+        self.manifest_of(&pause_image(), &instances)?;
+        self.archive_manifest(&pause_image())
     }
 
     fn busybox_image(&self, busybox: &Path) -> Result<Archive> {
@@ -616,6 +656,34 @@ fn debian_files(rootfs: &Path) -> Result<()> {
             .context("cannot copy this machine's CA bundle into the build image")?;
     }
     Ok(())
+}
+
+/// The C compiler that builds static programs for `arch` (Debian's and OCI's name) here:
+/// this machine's own, or Debian's cross-compiler.
+fn c_compiler(arch: &str) -> Result<&'static str> {
+    if arch == host_arch() {
+        return Ok("gcc");
+    }
+    match arch {
+        "arm64" => Ok(crate::cross::GCC),
+        "amd64" => Ok("x86_64-linux-gnu-gcc"),
+        other => bail!("no C compiler for {other}"),
+    }
+}
+
+/// The OCI archive of the kpulse image `name` (see [`KPULSE_IMAGES`]) or of the pause
+/// image, as the builder wrote it, and the repository `ctr images import --base-name`
+/// needs for it: what the arm64 node imports.
+pub fn manifest_archive(workspace: &Path, name: &str) -> Result<(PathBuf, String)> {
+    let builder = Builder::new(workspace)?;
+    let path = builder.archive_path(name);
+    ensure!(
+        path.is_file(),
+        "{} is missing: cargo xtask cluster build",
+        path.display()
+    );
+    let (repository, _) = repository_and_tag(name)?;
+    Ok((path, repository.to_string()))
 }
 
 /// This machine's architecture, as Debian and OCI name it.

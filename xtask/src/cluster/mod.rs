@@ -12,6 +12,7 @@
 //! What this changes on the machine, and the network's bounds, are in [`host`].
 
 mod agent_in_vm;
+mod arm64_node;
 mod bench_discovery;
 mod check;
 mod custom_metrics;
@@ -94,8 +95,9 @@ pub struct BuildOptions {
     /// Kubernetes version (minor or full).
     #[arg(long, default_value = versions::RELEASES[0].kubernetes)]
     kubernetes: String,
-    /// Only the release's Go components, not the images (they are the same for every
-    /// release; `cargo xtask test` builds them once, with the first release).
+    /// Only the release's Go components, not the images nor the arm64 node's components
+    /// (`cargo xtask test` builds those once, with the first release, whose check runs the
+    /// arm64 node).
     #[arg(long)]
     components_only: bool,
     /// Build the images, but leave booting the other architectures' agent images on their
@@ -126,7 +128,9 @@ pub fn run(opts: &Options) -> Result<()> {
             if o.components_only {
                 build_components(&dirs, &release).map(|_| ())
             } else {
-                build_all(&root, &dirs, &release, !o.no_image_boot).map(|_| ())
+                build_all(&root, &dirs, &release, !o.no_image_boot)?;
+                // The arm64 node of `cluster check` (built once; the check finds it built).
+                arm64_node::build(&root, &dirs.build, &release).map(|_| ())
             }
         }
     }
@@ -157,7 +161,7 @@ pub(crate) fn release(want: &str) -> Result<versions::Release> {
 }
 
 /// What `up` needs from Debian, by the command that proves it is there.
-const DEBIAN_PACKAGES: [(&str, &str); 11] = [
+const DEBIAN_PACKAGES: [(&str, &str); 13] = [
     ("/usr/include/seccomp.h", "libseccomp-dev"),
     ("/usr/bin/pkg-config", "pkg-config"),
     ("/usr/sbin/iptables", "iptables"),
@@ -171,6 +175,9 @@ const DEBIAN_PACKAGES: [(&str, &str); 11] = [
     ("/bin/busybox", "busybox-static"),
     ("/usr/bin/gcc", "gcc"),
     ("/usr/lib/x86_64-linux-gnu/libc.a", "libc6-dev"),
+    // The arm64 pause program and the arm64 node's static runc.
+    ("/usr/bin/aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
+    ("/usr/aarch64-linux-gnu/lib/libc.a", "libc6-dev-arm64-cross"),
 ];
 
 /// Root, and the Debian packages (installed with apt when missing).

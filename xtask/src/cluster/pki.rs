@@ -193,6 +193,55 @@ pub fn make(dir: &Path, names: &ApiserverNames<'_>, node: &str, server: &str) ->
     })
 }
 
+/// What a further node's kubelet needs, signed by the cluster CA in `pki_dir` and written to
+/// `out`: the CA (`ca.crt`, its client CA), a serving certificate for `node` and its address
+/// `ip` (`kubelet-serving.{crt,key}`: kube-apiserver and kpulse's kubelet fallback check it
+/// against the cluster CA), and `kubelet.kubeconfig` with the client certificate of
+/// `system:node:<node>` in group `system:nodes` (what the Node authorizer and
+/// NodeRestriction expect). No bootstrap token: the node is trusted as the first one is.
+pub fn node(pki_dir: &Path, out: &Path, node: &str, ip: &str, server: &str) -> Result<()> {
+    fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let read = |name: &str| -> Result<String> {
+        let path = pki_dir.join(name);
+        fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    let ca_pem = read("ca.crt")?;
+    let key = KeyPair::from_pem(&read("ca.key")?).context("ca.key is not a private key")?;
+    let issuer = Issuer::from_ca_cert_pem(&ca_pem, key).context("ca.crt cannot sign")?;
+    let now = OffsetDateTime::now_utc();
+    write(out, "ca.crt", &ca_pem, false)?;
+    leaf(
+        out,
+        "kubelet-serving",
+        &issuer,
+        node,
+        None,
+        vec![
+            SanType::DnsName(node.try_into()?),
+            SanType::IpAddress(ip.parse::<IpAddr>()?),
+        ],
+        ExtendedKeyUsagePurpose::ServerAuth,
+        now,
+    )?;
+    let cn = format!("system:node:{node}");
+    let client = leaf(
+        out,
+        "kubelet",
+        &issuer,
+        &cn,
+        Some("system:nodes"),
+        Vec::new(),
+        ExtendedKeyUsagePurpose::ClientAuth,
+        now,
+    )?;
+    write(
+        out,
+        "kubelet.kubeconfig",
+        &kubeconfig(server, &ca_pem, &cn, &client),
+        true,
+    )
+}
+
 /// A new CA (CN = `ca_stem`) and one client certificate it signs, written to `dir` as
 /// `<ca_stem>.{crt,key}` and `<client_stem>.{crt,key}`: what a rotation brings in
 /// (`cluster check`'s rotations of the front-proxy and client CAs).
@@ -378,6 +427,72 @@ mod tests {
         assert!(fs::read_to_string(&pki.sa_pub)
             .expect("test setup")
             .contains("PUBLIC KEY"));
+        fs::remove_dir_all(&dir).expect("test setup");
+    }
+
+    /// A further node's certificates come from the cluster's CA: its client certificate
+    /// names it as the Node authorizer expects, its serving certificate has its address.
+    #[test]
+    fn a_further_node_is_signed_by_the_cluster_ca() {
+        let dir = std::env::temp_dir().join(format!("kpulse-pki-node-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let names = ApiserverNames {
+            service_ip: "10.96.0.1",
+            node_ip: "10.244.0.1",
+        };
+        let server = "https://10.244.0.1:6443";
+        let pki = make(&dir, &names, "node-a", server).expect("test setup");
+        let out = dir.join("node-b");
+        node(&dir, &out, "node-b", "10.244.255.2", server).expect("node certificates");
+        let der = |path: &Path| {
+            let pem = fs::read_to_string(path).expect("test setup");
+            let (_, block) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).expect("PEM");
+            block.contents
+        };
+        let ca_der = der(&pki.ca.cert);
+        let (_, ca) = x509_parser::parse_x509_certificate(&ca_der).expect("CA");
+        let serving_der = der(&out.join("kubelet-serving.crt"));
+        let (_, serving) = x509_parser::parse_x509_certificate(&serving_der).expect("serving");
+        assert_eq!(serving.subject().to_string(), "CN=node-b");
+        serving
+            .verify_signature(Some(ca.public_key()))
+            .expect("signed by the cluster CA");
+        let sans = format!(
+            "{:?}",
+            serving
+                .subject_alternative_name()
+                .expect("test setup")
+                .expect("a SAN extension")
+                .value
+        );
+        assert!(
+            sans.contains("10.244.255.2") || sans.contains("[10, 244, 255, 2]"),
+            "{sans}"
+        );
+        let client_der = der(&out.join("kubelet.crt"));
+        let (_, client) = x509_parser::parse_x509_certificate(&client_der).expect("client");
+        assert_eq!(
+            client.subject().to_string(),
+            "CN=system:node:node-b, O=system:nodes"
+        );
+        client
+            .verify_signature(Some(ca.public_key()))
+            .expect("signed by the cluster CA");
+        assert_eq!(
+            fs::read_to_string(out.join("ca.crt")).expect("test setup"),
+            pki.ca.cert_pem
+        );
+        let kubeconfig = fs::read_to_string(out.join("kubelet.kubeconfig")).expect("test setup");
+        assert!(
+            kubeconfig.contains(&format!("server: {server}\n")),
+            "{kubeconfig}"
+        );
+        assert!(
+            kubeconfig.contains("name: system:node:node-b\n"),
+            "{kubeconfig}"
+        );
+        // Without the cluster's CA there is nothing to sign with.
+        assert!(node(&out, &dir.join("node-c"), "node-c", "10.244.255.3", server).is_err());
         fs::remove_dir_all(&dir).expect("test setup");
     }
 }

@@ -571,7 +571,7 @@ fn on_the_node<R>(ctx: &Ctx<'_>, vm: &thread::JoinHandle<R>, boot: Instant) -> R
             "-n",
             "kpulse-system",
             "-l",
-            "app.kubernetes.io/name=kpulse-agent",
+            super::fallback::AGENTS,
             &format!("--field-selector=spec.nodeName={NODE}"),
         ])?;
         Ok(v["items"]

@@ -679,7 +679,7 @@ fn agent_start_sources(ctx: &Ctx<'_>) -> Result<StartSources> {
         "-n",
         "kpulse-system",
         "-l",
-        "app.kubernetes.io/name=kpulse-agent",
+        super::fallback::AGENTS,
     ])?;
     let id = pods["items"]
         .as_array()

@@ -30,7 +30,8 @@ use super::check::{
 };
 
 pub(super) const NS: &str = "kpulse-fallback";
-const AGENTS: &str = "app.kubernetes.io/name=kpulse-agent";
+/// The agent DaemonSet's pods, as a label selector.
+pub(super) const AGENTS: &str = "app.kubernetes.io/name=kpulse-agent";
 
 /// The cluster's one node.
 fn node_name(ctx: &Ctx<'_>) -> Result<String> {

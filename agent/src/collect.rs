@@ -234,6 +234,14 @@ impl NodeFiles {
         }
     }
 
+    /// The root `memory.stat` these figures read each tick (whose read also flushes the
+    /// hierarchy's memory statistics, as [`EbpfCollector::flush`] needs).
+    fn memory_stat(&self) -> &Path {
+        match &self.memory {
+            NodeMemory::V2 { stat } | NodeMemory::V1 { stat, .. } => stat.path(),
+        }
+    }
+
     fn read(&mut self) -> Result<NodeSample, FsError> {
         let text = &mut self.text;
         let cpu = match &mut self.cpu {
@@ -711,7 +719,9 @@ impl EbpfCollector {
     ///   the walk's direct reads of `memcg->vmstats` do not. Without it `inactive_file`, and
     ///   so the working set, lags until the kernel's periodic flush (every 2 s, later on a
     ///   busy host): 4 MiB of a 64 MiB cgroup was seen. A scope root without the file (no
-    ///   memory controller there) has no memory statistics to flush.
+    ///   memory controller there) has no memory statistics to flush. When the scope is the
+    ///   whole hierarchy, that file is the one the node's figures read in full
+    ///   ([`NodeFiles`]), right after this: that read is the flush, and this one is skipped.
     ///
     /// The files stay open between ticks ([`KeptFile`]).
     fn flush(&mut self) -> Result<(), CollectError> {
@@ -725,6 +735,11 @@ impl EbpfCollector {
         }
         if stale {
             self.refresh_flush_files()?;
+        }
+        if self.memory_flush.path() == self.node.memory_stat() {
+            // The node's figures read this very file in full right after (`collect_once`):
+            // one read of the root's `memory.stat` per tick, not two.
+            return Ok(());
         }
         match self.memory_flush.read_to_flush() {
             Ok(()) => Ok(()),
@@ -1077,6 +1092,9 @@ impl EbpfCollector {
     fn collect_once(&mut self) -> Result<Snapshot, CollectError> {
         let timestamp = sample::now();
         self.flush()?;
+        // Before the walk: where the node's root `memory.stat` is the scope root's, this read
+        // is the memory flush the walk needs (see `flush`).
+        let node = self.node.read()?;
         let root_rel = cgroupfs::normalise_rel(&self.scope.root);
         let max = self.scope.max_cgroups;
         let mut records = std::mem::take(&mut self.records);
@@ -1240,7 +1258,6 @@ impl EbpfCollector {
         if self.flush_files_stale(&self.records) {
             self.refresh_flush_files()?;
         }
-        let node = self.node.read()?;
         if let Some(root) = out.iter_mut().find(|c| &*c.path == "/") {
             root.cpu = Some(node.cpu);
         }
@@ -1517,6 +1534,28 @@ mod tests {
         let err = unified.read().expect_err("no `file`").to_string();
         assert!(err.contains("memory.stat") && err.contains("file"), "{err}");
         std::fs::remove_dir_all(&dir).expect("test files");
+    }
+
+    /// The node's figures read the same root `memory.stat` that the eBPF collector's memory
+    /// flush reads for a whole-hierarchy scope, on both layouts: one read does both.
+    #[test]
+    fn the_node_figures_read_is_the_memory_flush() {
+        let layouts = [
+            Layout::Unified {
+                mount: "/sys/fs/cgroup".into(),
+            },
+            Layout::Hybrid {
+                unified: "/sys/fs/cgroup/unified".into(),
+                cpuacct: "/sys/fs/cgroup/cpu,cpuacct".into(),
+                memory: "/sys/fs/cgroup/memory".into(),
+                cpu: None,
+            },
+        ];
+        for layout in layouts {
+            let flush = cgroupfs::join_rel(layout.memory_mount(), &cgroupfs::normalise_rel("/"))
+                .join("memory.stat");
+            assert_eq!(NodeFiles::new(&layout).memory_stat(), flush, "{layout:?}");
+        }
     }
 
     fn paths(c: &mut PathCache, recs: &[CgroupRecord], root: &str) -> Vec<String> {

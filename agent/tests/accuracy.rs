@@ -663,6 +663,19 @@ fn windows_against_files(
     checks
 }
 
+/// An eBPF collector over the whole hierarchy, as the agent runs in a cluster.
+fn whole_hierarchy(layout: &Layout) -> EbpfCollector {
+    let whole = Scope {
+        layout: layout.clone(),
+        root: "/".into(),
+        max_cgroups: 100_000,
+        signals: Default::default(),
+    };
+    let ebpf = EbpfCollector::new(whole, object_override().as_deref()).expect("eBPF collector");
+    remember(&ebpf);
+    ebpf
+}
+
 /// A collector over a whole hierarchy flushes the CPU statistics through the top-level
 /// cgroups (the root's `cpu.stat` flushes nothing), so it must follow the top level: a
 /// top-level cgroup made after the collector started gets flushed from the tick after the
@@ -671,14 +684,7 @@ fn windows_against_files(
 /// Without the flush the figure would stay at whatever another reader last flushed (on
 /// 6.18, whose CPU and memory statistics are flushed separately, nothing else flushes it).
 fn late_top_level_cgroup(layout: &Layout, failures: &mut Vec<String>) -> usize {
-    let whole = Scope {
-        layout: layout.clone(),
-        root: "/".into(),
-        max_cgroups: 100_000,
-        signals: Default::default(),
-    };
-    let mut ebpf = EbpfCollector::new(whole, object_override().as_deref()).expect("eBPF collector");
-    remember(&ebpf);
+    let mut ebpf = whole_hierarchy(layout);
     ebpf.collect().expect("collect");
     let name = format!("kpulse-acc-{}-late", std::process::id());
     let dir = layout.cpu_mount().join(&name);
@@ -730,27 +736,33 @@ const FRESH_SLACK: u64 = 1 << 20;
 /// before a collection raises its usage (a page counter, always exact) at once, and its
 /// `inactive_file` only once flushed: read unflushed, the working set would count the new
 /// cache as in use until the kernel's periodic flush (every 2 s).
+///
+/// Checked for a collector over a subtree (which reads its scope root's `memory.stat` to
+/// flush) and for one over the whole hierarchy, as in a cluster, where the read of the
+/// root's `memory.stat` for the node's figures is the flush. `kid` is a cgroup of its own
+/// for each.
 fn fresh_memory_statistics(
     ebpf: &mut EbpfCollector,
+    scope: &str,
     layout: &Layout,
     cg: &mut TestCgroups,
-    parent: &str,
+    (parent, kid): (&str, &str),
     failures: &mut Vec<String>,
 ) -> usize {
-    cg.fill_page_cache("fresh");
+    cg.fill_page_cache(kid);
     let snap = ebpf.collect().expect("collect");
-    let ws_file = file_working_set(layout, parent, "fresh");
-    let ws = find(&snap, &format!("/{parent}/fresh"))
+    let ws_file = file_working_set(layout, parent, kid);
+    let ws = find(&snap, &format!("/{parent}/{kid}"))
         .memory
         .expect("memory")
         .working_set
         .0;
     println!(
-        "accuracy: ebpf     working set right after 8 MiB of page cache: collector {ws} B, kernel files {ws_file} B"
+        "accuracy: ebpf     working set right after 8 MiB of page cache, {scope}: collector {ws} B, kernel files {ws_file} B"
     );
     if ws.abs_diff(ws_file) > FRESH_SLACK {
         failures.push(format!(
-            "ebpf working set after new page cache: {ws} B, kernel files {ws_file} B (unflushed statistics?)"
+            "ebpf over {scope}: working set after new page cache: {ws} B, kernel files {ws_file} B (unflushed statistics?)"
         ));
     }
     1
@@ -767,7 +779,16 @@ fn run() -> usize {
     let mut cg = TestCgroups::create(
         &layout,
         &parent,
-        &["spin", "duty", "mem", "gone", "fresh", "swap", "throttled"],
+        &[
+            "spin",
+            "duty",
+            "mem",
+            "gone",
+            "fresh",
+            "fresh-whole",
+            "swap",
+            "throttled",
+        ],
     );
     cg.make_dying("gone");
     let pids = [
@@ -786,7 +807,26 @@ fn run() -> usize {
     println!("accuracy: kernel layout {:?}", ebpf.kernel_layout());
     let mut failures = Vec::new();
     let mut checks = births(&ebpf, &layout, &mut cg, &parent, &mut failures);
-    checks += fresh_memory_statistics(&mut ebpf, &layout, &mut cg, &parent, &mut failures);
+    checks += fresh_memory_statistics(
+        &mut ebpf,
+        "its subtree",
+        &layout,
+        &mut cg,
+        (&parent, "fresh"),
+        &mut failures,
+    );
+    {
+        let mut whole = whole_hierarchy(&layout);
+        whole.collect().expect("collect");
+        checks += fresh_memory_statistics(
+            &mut whole,
+            "the whole hierarchy",
+            &layout,
+            &mut cg,
+            (&parent, "fresh-whole"),
+            &mut failures,
+        );
+    }
     checks += late_top_level_cgroup(&layout, &mut failures);
     let mut fs = CgroupfsCollector::new(scope.clone());
 

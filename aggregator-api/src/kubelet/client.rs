@@ -207,9 +207,10 @@ impl Client {
         } else {
             format!("{host}:{port}")
         };
-        let mut request = http::Request::get(path.as_str())
-            .header(http::header::HOST, authority)
-            .header(http::header::ACCEPT, "text/plain");
+        // No Accept header, as metrics-server's Go client sends none: the kubelet then
+        // answers its text format, and so does kwok's stand-in, which refuses an
+        // `Accept: text/plain` with 406 (found on the cluster's fleet).
+        let mut request = http::Request::get(path.as_str()).header(http::header::HOST, authority);
         let token = match &self.token {
             Token::None => None,
             Token::Fixed(t) => Some(t.clone()),
@@ -423,7 +424,18 @@ mod tests {
             let tls = acceptor.accept(tcp).await.expect("TLS");
             let service = hyper::service::service_fn(move |req: http::Request<_>| {
                 seen.lock().push(req.uri().path().to_string());
-                async {
+                // As kwok's endpoint: a request naming a format it does not offer is refused.
+                let refused = req
+                    .headers()
+                    .get(http::header::ACCEPT)
+                    .is_some_and(|a| a.as_bytes() != b"*/*");
+                async move {
+                    if refused {
+                        let mut r =
+                            http::Response::new(http_body_util::Full::new(bytes::Bytes::new()));
+                        *r.status_mut() = http::StatusCode::NOT_ACCEPTABLE;
+                        return Ok::<_, std::convert::Infallible>(r);
+                    }
                     Ok::<_, std::convert::Infallible>(http::Response::new(
                         http_body_util::Full::new(bytes::Bytes::from_static(
                             b"node_cpu_usage_seconds_total 3\nnode_memory_working_set_bytes 1024\n",

@@ -12,7 +12,13 @@
 //! loadgen --ca-dir DIR --server 127.0.0.1:8444 --nodes 5000 --pods 110 --containers 2
 //! loadgen --ca-dir DIR --read-api 127.0.0.1:10250 --reads-per-sec 50 --nodes 5000 ...
 //! loadgen --ca-dir DIR --read-api 127.0.0.1:10250 --wait-complete --nodes 5000 ...
+//! loadgen --ca-dir DIR --fleet FILE --server 10.244.0.7:8444 --server 10.244.0.8:8444
 //! ```
+//!
+//! With `--fleet` (a file `cargo xtask cluster fleet --agents-file` writes) the agents are
+//! those of a cluster's real Nodes and Pods: each authenticates with a token of the agent's
+//! ServiceAccount bound to its node's agent pod, as a real agent does, and reports that
+//! node's real pods.
 //!
 //! Each container's counter advances at its own constant rate (10m to 500m), so every
 //! served value is known exactly ([`sim`]); each node ticks once per `--resolution` at a
@@ -132,6 +138,13 @@ struct Args {
     /// Reader with --wait-complete: give up after this many seconds (exit 1).
     #[arg(long, default_value_t = 60)]
     timeout_secs: u64,
+    /// Agents: stream as the nodes this file names instead of simulated ones (`cargo xtask
+    /// cluster fleet --agents-file` writes it): each node's name, a bearer token of the
+    /// agent's ServiceAccount bound to its agent pod (reviewed by the server's TokenReview,
+    /// as a real agent's), and its real pods (uid, namespace, name, labels, containers).
+    /// `--nodes`, `--pods` and `--containers` are then the file's.
+    #[arg(long, conflicts_with = "read_api")]
+    fleet: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -266,6 +279,8 @@ struct Node {
     name: String,
     pods: Arc<PodSet>,
     uids: Vec<String>,
+    /// Container names, by pod.
+    containers: Vec<Vec<String>>,
     /// Nanocores of CPU per container, by pod then container.
     rates: Vec<Vec<u64>>,
     started: UnixNanos,
@@ -290,6 +305,34 @@ impl Node {
             name,
             pods: Arc::new(set),
             uids,
+            containers: vec![(0..containers).map(Sim::container).collect(); pods],
+            rates,
+            started: now(),
+            signals,
+        }
+    }
+
+    /// A node of a `--fleet` file: its pods as they are in the cluster, each container at
+    /// [`Sim::rate`] of its place.
+    fn from_fleet(node: FleetNode, signals: bool) -> Node {
+        let set = PodSet::new(node.pods.iter().map(|p| PodMeta {
+            uid: p.uid.clone(),
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+            labels: p.labels.clone(),
+            ready_since: None,
+        }));
+        let rates = node
+            .pods
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (0..p.containers.len()).map(|c| Sim::rate(i, c)).collect())
+            .collect();
+        Node {
+            name: node.name,
+            pods: Arc::new(set),
+            uids: node.pods.iter().map(|p| p.uid.clone()).collect(),
+            containers: node.pods.into_iter().map(|p| p.containers).collect(),
             rates,
             started: now(),
             signals,
@@ -320,13 +363,14 @@ impl Node {
             .uids
             .iter()
             .zip(&self.rates)
-            .map(|(uid, rates)| PodCounters {
+            .zip(&self.containers)
+            .map(|((uid, rates), names)| PodCounters {
                 uid: uid.clone(),
                 containers: rates
                     .iter()
-                    .enumerate()
-                    .map(|(c, rate)| ContainerSample {
-                        name: Sim::container(c),
+                    .zip(names)
+                    .map(|(rate, name)| ContainerSample {
+                        name: name.clone(),
                         timestamp: t,
                         cgroup_id: None,
                         started_at: Some(self.started),
@@ -362,6 +406,83 @@ impl Node {
     }
 }
 
+/// A client certificate chain and its key.
+type ClientCert = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+/// A node of a `--fleet` file.
+struct FleetNode {
+    name: String,
+    token: String,
+    pods: Vec<FleetPod>,
+}
+
+struct FleetPod {
+    uid: String,
+    namespace: String,
+    name: String,
+    labels: BTreeMap<String, String>,
+    containers: Vec<String>,
+}
+
+/// Reads a `--fleet` file: `{"nodes": [{"name", "token", "pods": [{"uid", "namespace",
+/// "name", "labels": {…}, "containers": […]}]}]}`.
+fn read_fleet(path: &Path) -> Result<Vec<FleetNode>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let doc: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+    let s = |v: &serde_json::Value, k: &str| -> Result<String> {
+        v.get(k)
+            .and_then(|x| x.as_str())
+            .map(str::to_owned)
+            .with_context(|| format!("{}: a `{k}` is missing", path.display()))
+    };
+    let list = |v: &serde_json::Value, k: &str| -> Result<Vec<serde_json::Value>> {
+        v.get(k)
+            .and_then(|x| x.as_array())
+            .cloned()
+            .with_context(|| format!("{}: `{k}` is not a list", path.display()))
+    };
+    list(&doc, "nodes")?
+        .iter()
+        .map(|n| {
+            let pods = list(n, "pods")?
+                .iter()
+                .map(|p| {
+                    let labels = p
+                        .get("labels")
+                        .and_then(|l| l.as_object())
+                        .map(|l| {
+                            l.iter()
+                                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    let containers = list(p, "containers")?
+                        .iter()
+                        .map(|c| c.as_str().map(str::to_owned))
+                        .collect::<Option<Vec<_>>>()
+                        .with_context(|| {
+                            format!("{}: a container is not a name", path.display())
+                        })?;
+                    Ok(FleetPod {
+                        uid: s(p, "uid")?,
+                        namespace: s(p, "namespace")?,
+                        name: s(p, "name")?,
+                        labels,
+                        containers,
+                    })
+                })
+                .collect::<Result<_>>()?;
+            Ok(FleetNode {
+                name: s(n, "name")?,
+                token: s(n, "token")?,
+                pods,
+            })
+        })
+        .collect()
+}
+
 /// What one node did, at the end.
 #[derive(Default)]
 struct NodeCounts {
@@ -387,30 +508,43 @@ async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()>
     let ramp = Duration::from_secs(args.ramp_secs);
     let replicas = args.server.clone();
     let produced_total = Arc::new(AtomicU64::new(0));
-    let mut all_metrics = Vec::with_capacity(args.nodes);
+    // Each node with its credentials: a client certificate of this tool's CA (CN = the
+    // node), or with --fleet the bearer token of the node's agent pod.
+    let nodes: Vec<(Node, Credentials, Option<ClientCert>)> = match &args.fleet {
+        Some(path) => read_fleet(path)?
+            .into_iter()
+            .map(|n| {
+                let token = Credentials::Token(n.token.as_str().into());
+                (Node::from_fleet(n, args.custom_metrics), token, None)
+            })
+            .collect(),
+        None => (0..args.nodes)
+            .map(|i| {
+                let name = format!("{}{i}", args.node_prefix);
+                let cert = ca.issue(&name)?;
+                let node = Node::new(name, args.pods, args.containers, args.custom_metrics);
+                Ok((node, Credentials::None, Some((vec![cert.0], cert.1))))
+            })
+            .collect::<Result<_>>()?,
+    };
+    let node_count = nodes.len();
+    let pod_count: usize = nodes.iter().map(|(n, _, _)| n.uids.len()).sum();
+    let mut all_metrics = Vec::with_capacity(node_count);
     let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..args.nodes {
-        let name = format!("{}{i}", args.node_prefix);
-        let (cert, key) = ca.issue(&name)?;
+    for (i, (node, credentials, cert)) in nodes.into_iter().enumerate() {
         // Any server certificate: the benchmark's server is on loopback with a self-signed
-        // certificate; what is measured is the ingest, not server authentication.
-        let tls =
-            ship::tls::client_config_from(ship::tls::Trust::AnyServer, Some((vec![cert], key)))
-                .context("client certificate")?;
+        // certificate (or, with --fleet, reached at a pod address its certificate does not
+        // name); what is measured is the ingest, not server authentication.
+        let tls = ship::tls::client_config_from(ship::tls::Trust::AnyServer, cert)
+            .context("client TLS")?;
         let mut config = ShipConfig::new(Replicas::Static(replicas.clone()), tls);
-        config.credentials = Credentials::None;
+        config.credentials = credentials;
         config.server_name = Some("localhost".to_owned());
         // One set of counters per node: the end-to-end count is per node.
         let metrics = Arc::new(ShipMetrics::default());
         config.metrics = metrics.clone();
         all_metrics.push(metrics.clone());
-        let node = Node::new(
-            name.clone(),
-            args.pods,
-            args.containers,
-            args.custom_metrics,
-        );
-        let start_after = ramp.mul_f64(i as f64 / args.nodes.max(1) as f64);
+        let start_after = ramp.mul_f64(i as f64 / node_count.max(1) as f64);
         let (mut stop, replicas, total) = (stop.clone(), replicas.clone(), produced_total.clone());
         tasks.spawn(async move {
             let mut counts = NodeCounts::default();
@@ -459,8 +593,8 @@ async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()>
         });
     }
     eprintln!(
-        "loadgen: {} nodes × {} pods × {} containers → {:?}",
-        args.nodes, args.pods, args.containers, args.server
+        "loadgen: {node_count} nodes, {pod_count} pods → {:?}",
+        args.server
     );
     let report = async {
         loop {
@@ -501,7 +635,8 @@ async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()>
         }
     }
     let summary = json!({
-        "nodes": args.nodes,
+        "nodes": node_count,
+        "pods": pod_count,
         "replicas": replicas.len(),
         "produced": total.produced,
         "sent": total.sent,

@@ -271,6 +271,24 @@ pub fn node_components(release: &Release) -> Vec<Component> {
     ]
 }
 
+/// kwok (`cluster fleet`): built only when a fleet is made, not by `up`. Its releases set
+/// nothing through ldflags that the tag does not already say (`consts.Version`).
+pub fn kwok() -> Component {
+    Component {
+        name: "kwok",
+        module: "sigs.k8s.io/kwok",
+        version: versions::KWOK,
+        commands: vec!["sigs.k8s.io/kwok/cmd/kwok".to_string()],
+        tags: "",
+        ldflags_x: Vec::new(),
+        kubernetes_staging: false,
+        renames: &[],
+        cgo: false,
+        main_go: None,
+        cross: None,
+    }
+}
+
 /// The `go` command: on PATH, or where the Go distribution installs it.
 pub fn go_command() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("PATH").and_then(|path| {

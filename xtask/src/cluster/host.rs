@@ -271,6 +271,35 @@ pub fn vm_network_up() -> Result<()> {
     ])
 }
 
+/// The pod addresses of `cluster fleet`'s nodes, which kwok hands out and nothing answers:
+/// a /24 for each of up to 16,384 nodes, outside [`CLUSTER_CIDR`] and [`SERVICE_CIDR`].
+pub const FLEET_POD_RANGE: &str = "10.128.0.0/10";
+
+/// Routes [`FLEET_POD_RANGE`] to a blackhole, so that nothing addressed to a fleet pod
+/// leaves this machine; `teardown` removes it.
+pub fn fleet_route_up() -> Result<()> {
+    run_quiet(Command::new("ip").args(["route", "replace", "blackhole", FLEET_POD_RANGE]))
+}
+
+fn fleet_route_exists() -> bool {
+    crate::exec::output(Command::new("ip").args([
+        "route",
+        "show",
+        "type",
+        "blackhole",
+        FLEET_POD_RANGE,
+    ]))
+    .is_ok_and(|out| !out.trim().is_empty())
+}
+
+/// Removes what [`fleet_route_up`] made, if it is there.
+pub fn fleet_route_down() -> Result<()> {
+    if fleet_route_exists() {
+        run_quiet(Command::new("ip").args(["route", "del", "blackhole", FLEET_POD_RANGE]))?;
+    }
+    Ok(())
+}
+
 /// Removes what [`vm_network_up`] made (the route goes with the bridge).
 pub fn vm_network_down() -> Result<()> {
     for link in [VM_TAP, VM_BRIDGE] {
@@ -821,6 +850,9 @@ pub fn teardown(dirs: &Dirs) -> Vec<String> {
     if let Err(e) = vm_network_down() {
         problems.push(format!("{e:#}"));
     }
+    if let Err(e) = fleet_route_down() {
+        problems.push(format!("{e:#}"));
+    }
     // The veths of pods whose network namespaces are gone went with them.
     problems.extend(iptables_down());
     // After every process: what they had in swap comes back to memory, or is freed.
@@ -873,6 +905,9 @@ pub fn leftovers(dirs: &Dirs) -> Vec<String> {
         if Path::new("/sys/class/net").join(link).exists() {
             found.push(format!("network interface {link}"));
         }
+    }
+    if fleet_route_exists() {
+        found.push(format!("route blackhole {FLEET_POD_RANGE}"));
     }
     for tool in ["iptables", "ip6tables"] {
         for table in ["filter", "nat", "mangle"] {

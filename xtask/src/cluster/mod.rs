@@ -19,6 +19,7 @@ mod custom_metrics;
 mod daemons;
 mod fallback;
 mod faults;
+mod fleet;
 pub(crate) mod gobuild;
 mod host;
 mod images;
@@ -63,6 +64,9 @@ enum Action {
     /// Discovery through kube-apiserver, idle and while thousands of simulated nodes stream
     /// to the installed aggregator-api (after `up --install`).
     BenchDiscovery(bench_discovery::Options),
+    /// Thousands of Nodes and their Pods, kept by kwok, in the running cluster (or
+    /// `--remove` them).
+    Fleet(fleet::Options),
 }
 
 #[derive(Debug, clap::Args)]
@@ -119,6 +123,11 @@ pub fn run(opts: &Options) -> Result<()> {
         Action::BenchDiscovery(o) => {
             let (dirs, kubectl) = running()?;
             bench_discovery::run(o, &dirs, &kubectl)
+        }
+        Action::Fleet(o) => {
+            let (dirs, _) = running()?;
+            let version = fs::read_to_string(dirs.state.join("release"))?;
+            fleet::run(o, &dirs, &release(version.trim())?)
         }
         Action::Build(o) => {
             let release = release(&o.kubernetes)?;

@@ -193,14 +193,8 @@ pub fn make(dir: &Path, names: &ApiserverNames<'_>, node: &str, server: &str) ->
     })
 }
 
-/// What a further node's kubelet needs, signed by the cluster CA in `pki_dir` and written to
-/// `out`: the CA (`ca.crt`, its client CA), a serving certificate for `node` and its address
-/// `ip` (`kubelet-serving.{crt,key}`: kube-apiserver and kpulse's kubelet fallback check it
-/// against the cluster CA), and `kubelet.kubeconfig` with the client certificate of
-/// `system:node:<node>` in group `system:nodes` (what the Node authorizer and
-/// NodeRestriction expect). No bootstrap token: the node is trusted as the first one is.
-pub fn node(pki_dir: &Path, out: &Path, node: &str, ip: &str, server: &str) -> Result<()> {
-    fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+/// The cluster CA in `pki_dir`: its certificate (PEM) and an issuer that signs with it.
+fn cluster_issuer(pki_dir: &Path) -> Result<(String, Issuer<'static, KeyPair>)> {
     let read = |name: &str| -> Result<String> {
         let path = pki_dir.join(name);
         fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))
@@ -208,21 +202,39 @@ pub fn node(pki_dir: &Path, out: &Path, node: &str, ip: &str, server: &str) -> R
     let ca_pem = read("ca.crt")?;
     let key = KeyPair::from_pem(&read("ca.key")?).context("ca.key is not a private key")?;
     let issuer = Issuer::from_ca_cert_pem(&ca_pem, key).context("ca.crt cannot sign")?;
-    let now = OffsetDateTime::now_utc();
+    Ok((ca_pem, issuer))
+}
+
+/// A serving certificate for `name` at address `ip`, signed by the cluster CA in `pki_dir`,
+/// written to `out` as `<stem>.{crt,key}`, beside the CA (`ca.crt`): what kube-apiserver and
+/// kpulse's kubelet fallback check a kubelet's certificate against.
+pub fn serving(pki_dir: &Path, out: &Path, stem: &str, name: &str, ip: &str) -> Result<Pair> {
+    fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let (ca_pem, issuer) = cluster_issuer(pki_dir)?;
     write(out, "ca.crt", &ca_pem, false)?;
     leaf(
         out,
-        "kubelet-serving",
+        stem,
         &issuer,
-        node,
+        name,
         None,
         vec![
-            SanType::DnsName(node.try_into()?),
+            SanType::DnsName(name.try_into()?),
             SanType::IpAddress(ip.parse::<IpAddr>()?),
         ],
         ExtendedKeyUsagePurpose::ServerAuth,
-        now,
-    )?;
+        OffsetDateTime::now_utc(),
+    )
+}
+
+/// What a further node's kubelet needs, signed by the cluster CA in `pki_dir` and written to
+/// `out`: the CA (`ca.crt`, its client CA), a serving certificate for `node` and its address
+/// `ip` (`kubelet-serving.{crt,key}`, [`serving`]), and `kubelet.kubeconfig` with the client
+/// certificate of `system:node:<node>` in group `system:nodes` (what the Node authorizer and
+/// NodeRestriction expect). No bootstrap token: the node is trusted as the first one is.
+pub fn node(pki_dir: &Path, out: &Path, node: &str, ip: &str, server: &str) -> Result<()> {
+    serving(pki_dir, out, "kubelet-serving", node, ip)?;
+    let (ca_pem, issuer) = cluster_issuer(pki_dir)?;
     let cn = format!("system:node:{node}");
     let client = leaf(
         out,
@@ -232,7 +244,7 @@ pub fn node(pki_dir: &Path, out: &Path, node: &str, ip: &str, server: &str) -> R
         Some("system:nodes"),
         Vec::new(),
         ExtendedKeyUsagePurpose::ClientAuth,
-        now,
+        OffsetDateTime::now_utc(),
     )?;
     write(
         out,

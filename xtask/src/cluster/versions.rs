@@ -59,6 +59,9 @@ pub const CRI_TOOLS: &str = "1.37.0";
 pub const COREDNS: &str = "1.15.0";
 /// `sigs.k8s.io/metrics-server`: what kpulse replaces, for the migration and comparisons.
 pub const METRICS_SERVER: &str = "0.8.0";
+/// `sigs.k8s.io/kwok`: the Nodes and Pods of `cluster fleet` (thousands of nodes with no
+/// kubelet, their `/metrics/resource` emulated). v0.8.0 builds with Go 1.26 (`new(expr)`).
+pub const KWOK: &str = "0.8.0";
 /// The Debian release the local base images are made from (the kpulse images build on
 /// `debian:bookworm` and run on distroless Debian 12).
 pub const DEBIAN_SUITE: &str = "bookworm";

@@ -68,6 +68,30 @@ pub struct Cross {
 }
 
 impl Component {
+    /// A pure-Go build of `commands` of `module` at `version`, with build tags `tags` and
+    /// nothing else set.
+    pub fn plain(
+        name: &'static str,
+        module: &'static str,
+        version: &'static str,
+        commands: &[&str],
+        tags: &'static str,
+    ) -> Component {
+        Component {
+            name,
+            module,
+            version,
+            commands: commands.iter().map(|c| (*c).to_string()).collect(),
+            tags,
+            ldflags_x: Vec::new(),
+            kubernetes_staging: false,
+            renames: &[],
+            cgo: false,
+            main_go: None,
+            cross: None,
+        }
+    }
+
     /// Where the wrapper module and `bin/` live.
     pub fn dir(&self, build_root: &Path) -> PathBuf {
         match &self.cross {
@@ -177,19 +201,7 @@ pub fn kubernetes(release: &Release) -> Component {
 /// The other components: etcd and containerd of `release`, CNI plugins, CoreDNS, crictl,
 /// metrics-server.
 pub fn node_components(release: &Release) -> Vec<Component> {
-    let plain = |name, module, version, commands: &[&str], tags| Component {
-        name,
-        module,
-        version,
-        commands: commands.iter().map(|c| (*c).to_string()).collect(),
-        tags,
-        ldflags_x: Vec::new(),
-        kubernetes_staging: false,
-        renames: &[],
-        cgo: false,
-        main_go: None,
-        cross: None,
-    };
+    let plain = Component::plain;
     vec![
         // server/v3's root package is etcd's main.
         Component {
@@ -274,19 +286,13 @@ pub fn node_components(release: &Release) -> Vec<Component> {
 /// kwok (`cluster fleet`): built only when a fleet is made, not by `up`. Its releases set
 /// nothing through ldflags that the tag does not already say (`consts.Version`).
 pub fn kwok() -> Component {
-    Component {
-        name: "kwok",
-        module: "sigs.k8s.io/kwok",
-        version: versions::KWOK,
-        commands: vec!["sigs.k8s.io/kwok/cmd/kwok".to_string()],
-        tags: "",
-        ldflags_x: Vec::new(),
-        kubernetes_staging: false,
-        renames: &[],
-        cgo: false,
-        main_go: None,
-        cross: None,
-    }
+    Component::plain(
+        "kwok",
+        "sigs.k8s.io/kwok",
+        versions::KWOK,
+        &["sigs.k8s.io/kwok/cmd/kwok"],
+        "",
+    )
 }
 
 /// The `go` command: on PATH, or where the Go distribution installs it.

@@ -143,7 +143,7 @@ struct Args {
     /// agent's ServiceAccount bound to its agent pod (reviewed by the server's TokenReview,
     /// as a real agent's), and its real pods (uid, namespace, name, labels, containers).
     /// `--nodes`, `--pods` and `--containers` are then the file's.
-    #[arg(long, conflicts_with = "read_api")]
+    #[arg(long, conflicts_with_all = ["read_api", "nodes", "pods", "containers", "node_prefix"])]
     fleet: Option<PathBuf>,
 }
 

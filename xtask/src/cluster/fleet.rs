@@ -32,6 +32,7 @@
 //! gone first, nothing would finish the Pods' deletion and every node would go unreachable.
 
 use std::{
+    collections::BTreeMap,
     fs,
     path::Path,
     time::{Duration, Instant},
@@ -141,13 +142,38 @@ pub fn run(opts: &Options, dirs: &Dirs, release: &versions::Release) -> Result<(
         opts.containers > 0 && opts.namespaces > 0,
         "--containers and --namespaces must be positive"
     );
+    let made = make(opts, dirs, release, &rt, &client);
+    if made.is_err() {
+        eprintln!(
+            "fleet: failed; what it made stays (kwok, the route, kube-controller-manager's grace \
+             period): `cargo xtask cluster fleet --remove` or `cargo xtask cluster down` undoes it"
+        );
+    }
+    made
+}
+
+/// Where `fleet` keeps kube-controller-manager's own `--node-monitor-grace-period` flag (an
+/// empty file: it had none), to put it back.
+const GRACE_SAVED: &str = "fleet-node-monitor-grace-period";
+
+fn make(
+    opts: &Options,
+    dirs: &Dirs,
+    release: &versions::Release,
+    rt: &tokio::runtime::Runtime,
+    client: &kube::Client,
+) -> Result<()> {
     let started = Instant::now();
     host::fleet_route_up()?;
     start_kwok(dirs)?;
-    if !controller_manager_args(dirs)?
-        .iter()
-        .any(|a| a == GRACE_PERIOD)
-    {
+    let args = controller_manager_args(dirs)?;
+    if !args.iter().any(|a| a == GRACE_PERIOD) {
+        let own = args
+            .iter()
+            .find(|a| a.starts_with("--node-monitor-grace-period="))
+            .cloned()
+            .unwrap_or_default();
+        fs::write(dirs.state.join(GRACE_SAVED), own)?;
         println!("fleet: kube-controller-manager restarted with {GRACE_PERIOD}");
         host::restart(dirs, "kube-controller-manager", |mut args| {
             args.retain(|a| !a.starts_with("--node-monitor-grace-period="));
@@ -157,23 +183,23 @@ pub fn run(opts: &Options, dirs: &Dirs, release: &versions::Release) -> Result<(
     }
     rt.block_on(async {
         let t = Instant::now();
-        let made = create_nodes(&client, opts, release).await?;
+        let made = create_nodes(client, opts, release).await?;
         println!(
             "fleet: {} nodes made ({made} new) in {:.1} s",
             opts.nodes,
             t.elapsed().as_secs_f64()
         );
         let t = Instant::now();
-        let made = create_pods(&client, opts).await?;
+        let made = create_pods(client, opts).await?;
         println!(
             "fleet: {} pods made ({made} new) in {:.1} s",
             opts.nodes * opts.pods,
             t.elapsed().as_secs_f64()
         );
-        wait_fleet(&client, opts, started).await?;
+        wait_fleet(client, opts, started).await?;
         if let Some(path) = &opts.agents_file {
             let t = Instant::now();
-            let n = write_agents_file(&client, path).await?;
+            let n = write_agents_file(client, path).await?;
             println!(
                 "fleet: {n} agents' tokens and pods in {} ({:.1} s)",
                 path.display(),
@@ -192,7 +218,6 @@ const TOKEN_SECONDS: i64 = 6 * 3600;
 
 /// Writes `loadgen --fleet`'s file (see [`Options::agents_file`]); returns its nodes.
 async fn write_agents_file(client: &kube::Client, path: &Path) -> Result<usize> {
-    use std::collections::BTreeMap;
     let pods: Api<Pod> = Api::all(client.clone());
     let on_node = |p: &Pod| {
         p.spec
@@ -219,18 +244,36 @@ async fn write_agents_file(client: &kube::Client, path: &Path) -> Result<usize> 
         }
     })
     .await?;
-    let mut agents: Vec<(String, String, String)> = Vec::new();
+    // One agent pod per node, the newest (a rollout has two for a moment).
+    let mut newest: BTreeMap<String, (String, String, String)> = BTreeMap::new();
     let running = ListParams::default()
         .labels(super::fallback::AGENTS)
         .fields("status.phase=Running");
     for_each(&pods, &running, |p| {
+        let created = p
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.to_string())
+            .unwrap_or_default();
         if let (Some(node), Some(name), Some(uid)) =
             (on_node(p), p.metadata.name.clone(), p.metadata.uid.clone())
         {
-            agents.push((node, name, uid));
+            let entry = newest.entry(node).or_default();
+            if created >= entry.0 {
+                *entry = (created, name, uid);
+            }
         }
     })
     .await?;
+    let without = by_node.keys().filter(|n| !newest.contains_key(*n)).count();
+    if without > 0 {
+        println!("fleet: {without} fleet nodes have no Running agent pod: left out of the file");
+    }
+    let agents: Vec<(String, String, String)> = newest
+        .into_iter()
+        .map(|(node, (_, name, uid))| (node, name, uid))
+        .collect();
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), AGENT_ACCOUNT.0);
     let tokens: Vec<(String, String)> = stream::iter(agents)
         .map(|(node, pod, uid)| {
@@ -277,6 +320,9 @@ async fn write_agents_file(client: &kube::Client, path: &Path) -> Result<usize> 
             .mode(0o600)
             .open(path)
             .with_context(|| format!("cannot write {}", path.display()))?;
+        // `mode` is for a new file only: an old one keeps its own until this.
+        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .with_context(|| format!("cannot restrict {}", path.display()))?;
         f.write_all(text.as_bytes())
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
@@ -646,6 +692,7 @@ async fn wait_fleet(client: &kube::Client, opts: &Options, started: Instant) -> 
     let by_node = ListParams::default().labels(&format!("{}={}", NODE_LABEL.0, NODE_LABEL.1));
     // Only the fleet's pods that are not Running yet are listed: at 150,000 pods, a list of
     // them all every few seconds would be most of what kube-apiserver does.
+    let all_pods = ListParams::default().labels(&format!("{}={}", POD_LABEL.0, POD_LABEL.1));
     let waiting = ListParams::default()
         .labels(&format!("{}={}", POD_LABEL.0, POD_LABEL.1))
         .fields("status.phase!=Running");
@@ -655,7 +702,17 @@ async fn wait_fleet(client: &kube::Client, opts: &Options, started: Instant) -> 
     let mut said = Instant::now();
     loop {
         let ready = count(&nodes, &by_node, ready_node).await?;
-        let running = want_pods.saturating_sub(count(&pods, &waiting, |_| true).await?);
+        let mut running = want_pods.saturating_sub(count(&pods, &waiting, |_| true).await?);
+        if running >= want_pods {
+            // None waits: count them all once, so that a missing pod is not taken for a
+            // Running one (nor a leftover of a larger fleet for one of this fleet's).
+            running = count(&pods, &all_pods, running_pod).await?;
+            ensure!(
+                running == want_pods,
+                "{running} fleet pods are Running where this fleet has {want_pods}: `cargo \
+                 xtask cluster fleet --remove` first"
+            );
+        }
         let agents = count(&pods, &agents, |p| {
             running_pod(p)
                 && p.spec
@@ -713,12 +770,6 @@ async fn remove(dirs: &Dirs, client: &kube::Client) -> Result<()> {
         .delete_collection(&DeleteParams::default(), &by_node)
         .await
         .context("delete the fleet's nodes")?;
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
-    for lease in leases.list(&ListParams::default()).await?.items {
-        if let Some(name) = lease.metadata.name.filter(|n| n.starts_with(NODE_PREFIX)) {
-            ignore_gone(leases.delete(&name, &DeleteParams::default()).await)?;
-        }
-    }
     let agents = ListParams::default().labels(super::fallback::AGENTS);
     let on_fleet = |p: &Pod| {
         p.spec
@@ -749,16 +800,38 @@ async fn remove(dirs: &Dirs, client: &kube::Client) -> Result<()> {
         "fleet: pods, namespaces and nodes gone in {:.0} s",
         t.elapsed().as_secs_f64()
     );
+    // Once kwok is gone, nothing renews (or makes again) the nodes' Leases.
     stop_kwok(dirs)?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let mut names = Vec::new();
+    for_each(&leases, &ListParams::default(), |l| {
+        if let Some(name) = l
+            .metadata
+            .name
+            .clone()
+            .filter(|n| n.starts_with(NODE_PREFIX))
+        {
+            names.push(name);
+        }
+    })
+    .await?;
+    for name in names {
+        ignore_gone(leases.delete(&name, &DeleteParams::default()).await)?;
+    }
     host::fleet_route_down()?;
     if controller_manager_args(dirs)?
         .iter()
         .any(|a| a == GRACE_PERIOD)
     {
+        let own = fs::read_to_string(dirs.state.join(GRACE_SAVED)).unwrap_or_default();
         host::restart(dirs, "kube-controller-manager", |mut args| {
             args.retain(|a| a != GRACE_PERIOD);
+            if !own.trim().is_empty() {
+                args.push(own.trim().to_string());
+            }
             args
         })?;
+        fs::remove_file(dirs.state.join(GRACE_SAVED)).ok();
         println!("fleet: kube-controller-manager restarted without {GRACE_PERIOD}");
     }
     Ok(())

@@ -13,6 +13,8 @@
 //! loadgen --ca-dir DIR --read-api 127.0.0.1:10250 --reads-per-sec 50 --nodes 5000 ...
 //! loadgen --ca-dir DIR --read-api 127.0.0.1:10250 --wait-complete --nodes 5000 ...
 //! loadgen --ca-dir DIR --fleet FILE --server 10.244.0.7:8444 --server 10.244.0.8:8444
+//! loadgen --ca-dir DIR --fleet FILE --server … --apiserver https://10.244.0.1:6443 \
+//!         --apiserver-ca ca.crt                # and each node's pod watch, as the agent's
 //! ```
 //!
 //! With `--fleet` (a file `cargo xtask cluster fleet --agents-file` writes) the agents are
@@ -145,6 +147,15 @@ struct Args {
     /// `--nodes`, `--pods` and `--containers` are then the file's.
     #[arg(long, conflicts_with_all = ["read_api", "nodes", "pods", "containers", "node_prefix"])]
     fleet: Option<PathBuf>,
+    /// Agents of a `--fleet`: also watch each node's pods at this kube-apiserver
+    /// (`https://host:port`), as the agent does (a watch of the pods whose `spec.nodeName`
+    /// is its node, with the node's kube-apiserver token), so that kube-apiserver bears what
+    /// the fleet's agents would cost it.
+    #[arg(long, requires_all = ["fleet", "apiserver_ca"])]
+    apiserver: Option<String>,
+    /// The CA of `--apiserver`'s serving certificate (PEM).
+    #[arg(long, requires = "apiserver")]
+    apiserver_ca: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -413,6 +424,8 @@ type ClientCert = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
 struct FleetNode {
     name: String,
     token: String,
+    /// A token of the same agent pod for kube-apiserver (the pod watch).
+    api_token: Option<String>,
     pods: Vec<FleetPod>,
 }
 
@@ -477,6 +490,10 @@ fn read_fleet(path: &Path) -> Result<Vec<FleetNode>> {
             Ok(FleetNode {
                 name: s(n, "name")?,
                 token: s(n, "token")?,
+                api_token: n
+                    .get("api_token")
+                    .and_then(|t| t.as_str())
+                    .map(str::to_owned),
                 pods,
             })
         })
@@ -510,28 +527,55 @@ async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()>
     let produced_total = Arc::new(AtomicU64::new(0));
     // Each node with its credentials: a client certificate of this tool's CA (CN = the
     // node), or with --fleet the bearer token of the node's agent pod.
-    let nodes: Vec<(Node, Credentials, Option<ClientCert>)> = match &args.fleet {
-        Some(path) => read_fleet(path)?
-            .into_iter()
-            .map(|n| {
-                let token = Credentials::Token(n.token.as_str().into());
-                (Node::from_fleet(n, args.custom_metrics), token, None)
-            })
-            .collect(),
-        None => (0..args.nodes)
-            .map(|i| {
-                let name = format!("{}{i}", args.node_prefix);
-                let cert = ca.issue(&name)?;
-                let node = Node::new(name, args.pods, args.containers, args.custom_metrics);
-                Ok((node, Credentials::None, Some((vec![cert.0], cert.1))))
-            })
-            .collect::<Result<_>>()?,
+    // With --apiserver, each fleet node's own client of kube-apiserver for its pod watch.
+    let apiserver_ca: Option<Vec<Vec<u8>>> = match &args.apiserver_ca {
+        Some(path) => Some(
+            kpulse_process::pem::certificates(path)
+                .with_context(|| format!("--apiserver-ca {}", path.display()))?
+                .into_iter()
+                .map(|c| c.to_vec())
+                .collect(),
+        ),
+        None => None,
     };
+    let nodes: Vec<(Node, Credentials, Option<ClientCert>, Option<kube::Client>)> =
+        match &args.fleet {
+            Some(path) => read_fleet(path)?
+                .into_iter()
+                .map(|n| {
+                    let token = Credentials::Token(n.token.as_str().into());
+                    let watch = match (&args.apiserver, &apiserver_ca) {
+                        (Some(url), Some(ca)) => {
+                            let api_token = n.api_token.as_deref().with_context(|| {
+                                format!(
+                                    "{}: node {} has no api_token (made by an older `cluster \
+                                 fleet`): make the file again",
+                                    path.display(),
+                                    n.name
+                                )
+                            })?;
+                            Some(apiserver_client(url, ca, api_token)?)
+                        }
+                        _ => None,
+                    };
+                    Ok((Node::from_fleet(n, args.custom_metrics), token, None, watch))
+                })
+                .collect::<Result<_>>()?,
+            None => (0..args.nodes)
+                .map(|i| {
+                    let name = format!("{}{i}", args.node_prefix);
+                    let cert = ca.issue(&name)?;
+                    let node = Node::new(name, args.pods, args.containers, args.custom_metrics);
+                    Ok((node, Credentials::None, Some((vec![cert.0], cert.1)), None))
+                })
+                .collect::<Result<_>>()?,
+        };
     let node_count = nodes.len();
-    let pod_count: usize = nodes.iter().map(|(n, _, _)| n.uids.len()).sum();
+    let pod_count: usize = nodes.iter().map(|(n, _, _, _)| n.uids.len()).sum();
+    let watches = Arc::new(WatchCounts::default());
     let mut all_metrics = Vec::with_capacity(node_count);
     let mut tasks = tokio::task::JoinSet::new();
-    for (i, (node, credentials, cert)) in nodes.into_iter().enumerate() {
+    for (i, (node, credentials, cert, pod_watch)) in nodes.into_iter().enumerate() {
         // Any server certificate: the benchmark's server is on loopback with a self-signed
         // certificate (or, with --fleet, reached at a pod address its certificate does not
         // name); what is measured is the ingest, not server authentication.
@@ -546,12 +590,16 @@ async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()>
         all_metrics.push(metrics.clone());
         let start_after = ramp.mul_f64(i as f64 / node_count.max(1) as f64);
         let (mut stop, replicas, total) = (stop.clone(), replicas.clone(), produced_total.clone());
+        let watches = watches.clone();
         tasks.spawn(async move {
             let mut counts = NodeCounts::default();
             tokio::select! {
                 () = tokio::time::sleep(start_after) => {}
                 _ = stop.wait_for(|s| *s) => return counts,
             }
+            let watch = pod_watch.map(|client| {
+                tokio::spawn(watch_pods(client, node.name.clone(), stop.clone(), watches))
+            });
             let shipper = Shipper::spawn(config, ship::hello(&node.name, "kpulse loadgen"));
             let phase = resolution.mul_f64(fastrand::f64());
             let mut ticks =
@@ -581,6 +629,10 @@ async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()>
             }
             counts.drain_timeout = last < target && Instant::now() >= deadline;
             shipper.shutdown(SHUTDOWN_GRACE).await;
+            if let Some(watch) = watch {
+                // It ends with the stop flag.
+                let _ = watch.await;
+            }
             for r in &replicas {
                 counts.sent += metrics.sent(r);
                 counts.dropped += metrics.dropped(r);
@@ -647,9 +699,54 @@ async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()>
         "drain_timeouts": drain_timeouts,
         "reconnects": total.reconnects,
         "stream_errors": total.errors,
+        "pod_watch_events": watches.events.load(Ordering::Relaxed),
+        "pod_watch_errors": watches.errors.load(Ordering::Relaxed),
     });
     println!("{summary}");
     Ok(())
+}
+
+/// The fleet's pod watches, together.
+#[derive(Default)]
+struct WatchCounts {
+    events: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// A client of kube-apiserver at `url` (trusting `ca`, DER) with the bearer `token`.
+fn apiserver_client(url: &str, ca: &[Vec<u8>], token: &str) -> Result<kube::Client> {
+    let mut config = kube::Config::new(url.parse().context("--apiserver: not a URL")?);
+    config.root_cert = Some(ca.to_vec());
+    config.auth_info =
+        serde_json::from_value(json!({ "token": token })).context("a bearer token")?;
+    config.connect_timeout = Some(Duration::from_secs(30));
+    kube::Client::try_from(config).context("a kube-apiserver client")
+}
+
+/// What the agent asks of kube-apiserver for its node: a watch of the pods whose
+/// `spec.nodeName` is the node, by kube's watcher as `kpulse-agent` runs it (list, then
+/// watch, backing off on errors). Its events are counted and dropped; it ends with `stop`.
+async fn watch_pods(
+    client: kube::Client,
+    node: String,
+    mut stop: watch::Receiver<bool>,
+    counts: Arc<WatchCounts>,
+) {
+    use futures_util::StreamExt as _;
+    use kube::runtime::{watcher, WatchStreamExt as _};
+    let api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(client);
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            event = events.next() => match event {
+                Some(Ok(_)) => counts.events.fetch_add(1, Ordering::Relaxed),
+                Some(Err(_)) => counts.errors.fetch_add(1, Ordering::Relaxed),
+                None => return,
+            },
+        };
+    }
 }
 
 /// The reader mode; `Ok(false)` when `--wait-complete` gave up.

@@ -63,8 +63,10 @@ pub const MAX_NODES: usize = 16_384;
 const NODE_LABEL: (&str, &str) = ("type", "kwok");
 /// The label of every fleet pod.
 const POD_LABEL: (&str, &str) = ("kpulse.local/fleet", "true");
-const NODE_PREFIX: &str = "fleet-node-";
-const NAMESPACE_PREFIX: &str = "fleet-";
+pub(super) const NODE_PREFIX: &str = "fleet-node-";
+pub(super) const NAMESPACE_PREFIX: &str = "fleet-";
+/// Every fleet pod's name starts so (`p-NNNNN-KKK`).
+pub(super) const POD_PREFIX: &str = "p-";
 /// kwok's node Leases: renewed every 60 s, so that 10,000 nodes cost about 170 writes a
 /// second (with kwokctl's 40 s, 1,000).
 const LEASE_SECONDS: u32 = 240;
@@ -92,31 +94,58 @@ const METRICS: [&str; 2] = [
     "kustomize/metrics/usage/usage-from-annotation.yaml",
 ];
 
+/// The fleet's size and makeup (`cluster fleet` and `cluster bench-fleet`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Shape {
+    /// Fleet nodes (at most 16,384).
+    #[arg(long, default_value_t = 1000)]
+    pub nodes: usize,
+    /// Pods on each fleet node, besides the agent's.
+    #[arg(long, default_value_t = 10)]
+    pub pods: usize,
+    /// Containers in each pod.
+    #[arg(long, default_value_t = 2)]
+    pub containers: usize,
+    /// Namespaces the pods are spread over.
+    #[arg(long, default_value_t = 50)]
+    pub namespaces: usize,
+    /// Seed of the pods' CPU and memory use and of the nodes' labels.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// How long to wait for every node to be Ready and every pod Running.
+    #[arg(long, default_value = "20m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+impl Shape {
+    fn check(&self) -> Result<()> {
+        ensure!(
+            (1..=MAX_NODES).contains(&self.nodes),
+            "--nodes must be between 1 and {MAX_NODES}"
+        );
+        ensure!(
+            self.containers > 0 && self.namespaces > 0,
+            "--containers and --namespaces must be positive"
+        );
+        Ok(())
+    }
+
+    /// The namespace of the fleet's first pods (one `kubectl top pod -n` reads).
+    pub fn first_namespace() -> String {
+        namespace(0)
+    }
+}
+
 /// `cargo xtask cluster fleet` flags.
 #[derive(Debug, clap::Args)]
 pub struct Options {
-    /// Fleet nodes (at most 16,384).
-    #[arg(long, default_value_t = 1000)]
-    nodes: usize,
-    /// Pods on each fleet node, besides the agent's.
-    #[arg(long, default_value_t = 10)]
-    pods: usize,
-    /// Containers in each pod.
-    #[arg(long, default_value_t = 2)]
-    containers: usize,
-    /// Namespaces the pods are spread over.
-    #[arg(long, default_value_t = 50)]
-    namespaces: usize,
-    /// Seed of the pods' CPU and memory use and of the nodes' labels.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// How long to wait for every node to be Ready and every pod Running.
-    #[arg(long, default_value = "20m", value_parser = humantime::parse_duration)]
-    timeout: Duration,
+    #[command(flatten)]
+    shape: Shape,
     /// Once the fleet is ready, write here what `loadgen --fleet` streams as the fleet's
     /// agents: each fleet node, a token of the agent's ServiceAccount bound to its agent pod
     /// (as the kubelet projects one: audience `kpulse`, reviewed by kpulse's TokenReview),
-    /// and the node's pods. Mode 0600.
+    /// another for kube-apiserver (the agent's own watch of its node's pods), and the node's
+    /// pods. Mode 0600.
     #[arg(long)]
     agents_file: Option<std::path::PathBuf>,
     /// Remove the fleet (pods, nodes, kwok) instead.
@@ -125,24 +154,46 @@ pub struct Options {
 }
 
 pub fn run(opts: &Options, dirs: &Dirs, release: &versions::Release) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("tokio runtime")?;
+    let rt = runtime()?;
     let client = rt.block_on(client(&dirs.kubeconfig()))?;
     if opts.remove {
         return rt.block_on(remove(dirs, &client));
     }
-    ensure!(
-        (1..=MAX_NODES).contains(&opts.nodes),
-        "--nodes must be between 1 and {MAX_NODES}"
-    );
-    ensure!(
-        opts.containers > 0 && opts.namespaces > 0,
-        "--containers and --namespaces must be positive"
-    );
-    let made = make(opts, dirs, release, &rt, &client);
+    make(
+        &opts.shape,
+        opts.agents_file.as_deref(),
+        dirs,
+        release,
+        &rt,
+        &client,
+    )
+}
+
+/// The runtime the fleet's requests run on.
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("tokio runtime")
+}
+
+/// Where `fleet` keeps kube-controller-manager's own `--node-monitor-grace-period` flag (an
+/// empty file: it had none), to put it back.
+const GRACE_SAVED: &str = "fleet-node-monitor-grace-period";
+
+/// Makes what is missing of the fleet `shape` describes and waits until it is ready; with
+/// `agents_file`, writes it (see [`Options::agents_file`]). What it made stays on failure.
+pub(super) fn make(
+    shape: &Shape,
+    agents_file: Option<&Path>,
+    dirs: &Dirs,
+    release: &versions::Release,
+    rt: &tokio::runtime::Runtime,
+    client: &kube::Client,
+) -> Result<()> {
+    shape.check()?;
+    let made = make_checked(shape, agents_file, dirs, release, rt, client);
     if made.is_err() {
         eprintln!(
             "fleet: failed; what it made stays (kwok, the route, kube-controller-manager's grace \
@@ -152,12 +203,9 @@ pub fn run(opts: &Options, dirs: &Dirs, release: &versions::Release) -> Result<(
     made
 }
 
-/// Where `fleet` keeps kube-controller-manager's own `--node-monitor-grace-period` flag (an
-/// empty file: it had none), to put it back.
-const GRACE_SAVED: &str = "fleet-node-monitor-grace-period";
-
-fn make(
-    opts: &Options,
+fn make_checked(
+    opts: &Shape,
+    agents_file: Option<&Path>,
     dirs: &Dirs,
     release: &versions::Release,
     rt: &tokio::runtime::Runtime,
@@ -197,7 +245,7 @@ fn make(
             t.elapsed().as_secs_f64()
         );
         wait_fleet(client, opts, started).await?;
-        if let Some(path) = &opts.agents_file {
+        if let Some(path) = agents_file {
             let t = Instant::now();
             let n = write_agents_file(client, path).await?;
             println!(
@@ -275,28 +323,13 @@ async fn write_agents_file(client: &kube::Client, path: &Path) -> Result<usize> 
         .map(|(node, (_, name, uid))| (node, name, uid))
         .collect();
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), AGENT_ACCOUNT.0);
-    let tokens: Vec<(String, String)> = stream::iter(agents)
+    let tokens: Vec<(String, String, String)> = stream::iter(agents)
         .map(|(node, pod, uid)| {
             let accounts = accounts.clone();
             async move {
-                let request: TokenRequest = serde_json::from_value(json!({
-                    "apiVersion": "authentication.k8s.io/v1",
-                    "kind": "TokenRequest",
-                    "spec": {
-                        "audiences": [AGENT_AUDIENCE],
-                        "expirationSeconds": TOKEN_SECONDS,
-                        "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid},
-                    },
-                }))?;
-                let answer = accounts
-                    .create_token_request(AGENT_ACCOUNT.1, &PostParams::default(), &request)
-                    .await
-                    .with_context(|| format!("a token for the agent pod {pod}"))?;
-                let token = answer
-                    .status
-                    .map(|s| s.token)
-                    .with_context(|| format!("no token for the agent pod {pod}"))?;
-                Ok::<_, anyhow::Error>((node, token))
+                let stream = token(&accounts, &pod, &uid, Some(AGENT_AUDIENCE)).await?;
+                let api = token(&accounts, &pod, &uid, None).await?;
+                Ok::<_, anyhow::Error>((node, stream, api))
             }
         })
         .buffer_unordered(CONCURRENCY)
@@ -304,9 +337,9 @@ async fn write_agents_file(client: &kube::Client, path: &Path) -> Result<usize> 
         .await?;
     let nodes: Vec<serde_json::Value> = tokens
         .into_iter()
-        .map(|(node, token)| {
+        .map(|(node, token, api_token)| {
             let pods = by_node.remove(&node).unwrap_or_default();
-            json!({"name": node, "token": token, "pods": pods})
+            json!({"name": node, "token": token, "api_token": api_token, "pods": pods})
         })
         .collect();
     let n = nodes.len();
@@ -327,6 +360,36 @@ async fn write_agents_file(client: &kube::Client, path: &Path) -> Result<usize> 
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(n)
+}
+
+/// A token of the agent's ServiceAccount bound to its pod `name` (`uid`), for `audience`
+/// (kube-apiserver's own audiences when `None`), valid [`TOKEN_SECONDS`].
+async fn token(
+    accounts: &Api<ServiceAccount>,
+    name: &str,
+    uid: &str,
+    audience: Option<&str>,
+) -> Result<String> {
+    let mut spec = json!({
+        "expirationSeconds": TOKEN_SECONDS,
+        "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid},
+    });
+    if let Some(audience) = audience {
+        spec["audiences"] = json!([audience]);
+    }
+    let request: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": spec,
+    }))?;
+    let answer = accounts
+        .create_token_request(AGENT_ACCOUNT.1, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("a token for the agent pod {name}"))?;
+    answer
+        .status
+        .map(|s| s.token)
+        .with_context(|| format!("no token for the agent pod {name}"))
 }
 
 /// Calls `f` on every object `api` lists with `params`, in pages of 500.
@@ -357,7 +420,7 @@ fn controller_manager_args(dirs: &Dirs) -> Result<Vec<String>> {
         .collect())
 }
 
-async fn client(kubeconfig: &Path) -> Result<kube::Client> {
+pub(super) async fn client(kubeconfig: &Path) -> Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
     let mut config =
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
@@ -562,7 +625,7 @@ fn pod(i: usize, k: usize, ns: &str, containers: usize, rng: &mut fastrand::Rng)
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": format!("p-{i:05}-{k:03}"),
+            "name": format!("{POD_PREFIX}{i:05}-{k:03}"),
             "namespace": ns,
             "labels": {(POD_LABEL.0): POD_LABEL.1, "app": format!("app-{}", k % 4)},
             "annotations": {
@@ -584,7 +647,7 @@ fn pod(i: usize, k: usize, ns: &str, containers: usize, rng: &mut fastrand::Rng)
 /// Creates what is missing of the fleet's nodes; returns how many it made.
 async fn create_nodes(
     client: &kube::Client,
-    opts: &Options,
+    opts: &Shape,
     release: &versions::Release,
 ) -> Result<usize> {
     let api: Api<Node> = Api::all(client.clone());
@@ -604,7 +667,7 @@ async fn create_nodes(
 }
 
 /// Creates what is missing of the namespaces and pods; returns how many pods it made.
-async fn create_pods(client: &kube::Client, opts: &Options) -> Result<usize> {
+async fn create_pods(client: &kube::Client, opts: &Shape) -> Result<usize> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     for j in 0..opts.namespaces {
         let ns: Namespace = serde_json::from_value(json!({
@@ -686,7 +749,7 @@ fn running_pod(p: &Pod) -> bool {
 
 /// Until every fleet node is Ready and every fleet pod Running, and the agent DaemonSet has
 /// a Pod Running on every fleet node; prints the progress every 15 s.
-async fn wait_fleet(client: &kube::Client, opts: &Options, started: Instant) -> Result<()> {
+async fn wait_fleet(client: &kube::Client, opts: &Shape, started: Instant) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::all(client.clone());
     let by_node = ListParams::default().labels(&format!("{}={}", NODE_LABEL.0, NODE_LABEL.1));

@@ -669,7 +669,8 @@ pub fn scrape_http(addr: &str) -> Result<Metrics> {
     Ok(parse_metrics(&text))
 }
 
-fn parse_metrics(text: &str) -> Metrics {
+/// A Prometheus text page as [`Metrics`] (comments skipped).
+pub fn parse_metrics(text: &str) -> Metrics {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {

@@ -15,6 +15,7 @@ mod fuzz;
 mod go_golden;
 mod harness;
 mod soak;
+mod stats;
 mod test;
 mod vm;
 

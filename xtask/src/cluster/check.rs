@@ -59,7 +59,18 @@ pub(super) struct Ctx<'a> {
     failed: Vec<String>,
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
+    /// A context for running the checks' helpers outside `check` (benchmarks).
+    pub(super) fn new(dirs: &'a Dirs, kubectl: PathBuf) -> Ctx<'a> {
+        Ctx {
+            dirs,
+            kubectl,
+            only: None,
+            passed: 0,
+            failed: Vec::new(),
+        }
+    }
+
     pub(super) fn kubectl_with(&self, bin: &Path) -> Command {
         let mut c = Command::new(bin);
         c.arg("--kubeconfig")
@@ -96,16 +107,12 @@ impl Ctx<'_> {
     }
 }
 
-/// Runs every check; fails if any failed.
 /// Runs every check; with `faults`, last, the aggregation layer's failure modes
 /// ([`faults`]: they restart kube-apiserver and take kpulse's replicas away).
 pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>, with_faults: bool) -> Result<()> {
     let mut ctx = Ctx {
-        dirs,
-        kubectl,
         only,
-        passed: 0,
-        failed: Vec::new(),
+        ..Ctx::new(dirs, kubectl)
     };
     type Check = fn(&Ctx<'_>) -> Result<String>;
     let first: [(&str, Check); 6] = [

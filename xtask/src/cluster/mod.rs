@@ -14,6 +14,7 @@
 mod agent_in_vm;
 mod arm64_node;
 mod bench_discovery;
+mod bench_fleet;
 mod check;
 mod custom_metrics;
 mod daemons;
@@ -67,6 +68,10 @@ enum Action {
     /// Thousands of Nodes and their Pods, kept by kwok, in the running cluster (or
     /// `--remove` them).
     Fleet(fleet::Options),
+    /// What kpulse costs kube-apiserver and etcd with a kwok fleet (on against off, in
+    /// alternating rounds), a replica's restart with every agent reconnecting, and `kubectl
+    /// top` at that size (after `up --install`).
+    BenchFleet(bench_fleet::Options),
 }
 
 #[derive(Debug, clap::Args)]
@@ -128,6 +133,11 @@ pub fn run(opts: &Options) -> Result<()> {
             let (dirs, _) = running()?;
             let version = fs::read_to_string(dirs.state.join("release"))?;
             fleet::run(o, &dirs, &release(version.trim())?)
+        }
+        Action::BenchFleet(o) => {
+            let (dirs, kubectl) = running()?;
+            let version = fs::read_to_string(dirs.state.join("release"))?;
+            bench_fleet::run(o, &dirs, &kubectl, &release(version.trim())?)
         }
         Action::Build(o) => {
             let release = release(&o.kubernetes)?;

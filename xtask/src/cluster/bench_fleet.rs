@@ -1,0 +1,1075 @@
+//! `cargo xtask cluster bench-fleet`: what kpulse costs the real control plane with a fleet
+//! of kwok nodes, how long a replica takes to be complete again when every agent
+//! reconnects, and how long `kubectl top` takes through kube-apiserver at that size.
+//!
+//! Against a cluster `cluster up --install` made:
+//! 1. the fleet ([`fleet::make`]: `--nodes` kwok nodes with `--pods` pods each, the agent's
+//!    Pod on each) and its agents file (two tokens per node bound to its agent Pod: one for
+//!    kpulse's ingest, one for kube-apiserver);
+//! 2. the aggregator-api Deployment patched for a fleet whose agents all connect from this
+//!    machine's address (`--max-connections-per-ip`) and with a memory limit for its size
+//!    (`--server-memory-limit`); put back at the end, also after a failure;
+//! 3. `--rounds` rounds of two arms, in alternating order (off, on; on, off; …):
+//!    - **off**: the Deployment scaled to 0 and no agent streaming: kube-apiserver and etcd
+//!      with the fleet (kwok's Leases and status) and without kpulse;
+//!    - **on**: the replicas started again and the fleet's agents (`loadgen --fleet
+//!      --apiserver`: each node's stream to every replica with its token, reviewed by the
+//!      replicas' TokenReview, and its watch of its node's pods, as the agent's) until every
+//!      replica is ready — readyz: every node with a Ready agent Pod is served —, then
+//!      measured; then one replica's process is killed (SIGKILL, the kubelet restarts it in
+//!      the same Pod) and timed until its readyz answers 200 again;
+//!
+//!    each measured over `--window-secs` after `--settle-secs`: CPU (`utime + stime`) and RSS
+//!    of kube-apiserver and etcd (the processes `cluster up` started), kube-apiserver's
+//!    requests (`apiserver_request_total`), TokenReviews, requests APF rejected, and watches;
+//! 4. **reads**, with kpulse on: `kubectl top node`, `kubectl top pod -A`, `kubectl top pod
+//!    -n NS` (the real kubectl, timed as a user sees it), the same lists as JSON through
+//!    kube-apiserver (time and bytes, and every fleet node and pod in them), and discovery
+//!    of `metrics.k8s.io`, interleaved, `--reads` times each.
+//!
+//! It prints the tables for docs/benchmarks.md. The fleet stays (another run at the same
+//! size reuses it): `cargo xtask cluster fleet --remove` removes it.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::{json, Value};
+
+use super::{
+    check::{container_pid, Ctx},
+    daemons, fleet,
+    host::Dirs,
+    versions,
+};
+use crate::{
+    harness::{self, Metrics, Proc, Stop},
+    stats,
+};
+
+const NAMESPACE: &str = "kpulse-system";
+const DEPLOYMENT: &str = "deployment/kpulse-aggregator-api";
+const SELECTOR: &str = "app.kubernetes.io/name=kpulse-aggregator-api";
+/// The replicas' HTTPS port (readyz), as deploy/ has it.
+const HTTPS_PORT: u16 = 10250;
+/// Longest wait for the replicas to start, go, or be ready.
+const PHASE_LIMIT: Duration = Duration::from_secs(600);
+
+/// `cargo xtask cluster bench-fleet` flags.
+#[derive(Debug, clap::Args)]
+pub struct Options {
+    #[command(flatten)]
+    shape: fleet::Shape,
+    /// Rounds of the two arms (off, on), alternating which goes first.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Seconds each arm is measured over.
+    #[arg(long, default_value_t = 60)]
+    window_secs: u64,
+    /// Seconds after an arm's start (every replica ready, or gone) before it is measured.
+    #[arg(long, default_value_t = 30)]
+    settle_secs: u64,
+    /// Seconds over which the fleet's agents connect when they start.
+    #[arg(long, default_value_t = 20)]
+    ramp_secs: u64,
+    /// Reads of each kind in the reads phase.
+    #[arg(long, default_value_t = 20)]
+    reads: usize,
+    /// The aggregator-api's memory limit during the benchmark (deploy/'s 512Mi holds about
+    /// a thousand nodes of 30 pods).
+    #[arg(long, default_value = "4Gi")]
+    server_memory_limit: String,
+    /// Use the release binaries as they are.
+    #[arg(long)]
+    no_build: bool,
+}
+
+pub fn run(opts: &Options, dirs: &Dirs, kubectl: &Path, release: &versions::Release) -> Result<()> {
+    ensure!(
+        opts.rounds >= 2 && opts.window_secs > 0 && opts.reads > 0,
+        "--rounds must be at least 2 (an interval needs two pairs); --window-secs and --reads \
+         positive"
+    );
+    harness::require_curl("bench-fleet")?;
+    let bins = harness::release_binaries(opts.no_build)?;
+    let scratch = harness::Scratch::new("bench-fleet")?;
+    let stop = Stop::install()?;
+    let agents_file = scratch.dir.join("agents.json");
+    {
+        let rt = fleet::runtime()?;
+        let client = rt.block_on(fleet::client(&dirs.kubeconfig()))?;
+        fleet::make(&opts.shape, Some(&agents_file), dirs, release, &rt, &client)?;
+    }
+    let ctx = Ctx::new(dirs, kubectl.to_path_buf());
+    let bench = Bench {
+        opts,
+        ctx: &ctx,
+        loadgen: &bins.loadgen,
+        dir: &scratch.dir,
+        agents_file: &agents_file,
+        stop: &stop,
+    };
+    let saved = bench.saved()?;
+    // Put back whenever the patch was tried: a failed rollout or a stop leaves it applied.
+    let result = bench
+        .patch_deployment(&saved)
+        .and_then(|()| bench.measure(&saved));
+    let restored = bench.restore(&saved);
+    match (result, restored) {
+        (Ok(report), restored) => {
+            println!("{report}");
+            println!(
+                "bench-fleet: the fleet stays; `cargo xtask cluster fleet --remove` removes it"
+            );
+            restored.context("the aggregator-api Deployment was not put back")
+        }
+        (Err(e), restored) => {
+            scratch.keep();
+            if let Err(r) = restored {
+                eprintln!("bench-fleet: the aggregator-api Deployment was not put back: {r:#}");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The Deployment's fields the benchmark changes, as they were.
+struct Saved {
+    replicas: u64,
+    args: Value,
+    /// Null when it had none.
+    memory_limit: Value,
+}
+
+impl Saved {
+    /// The replicas of an "on" arm: the Deployment's own, at least one.
+    fn on_replicas(&self) -> u64 {
+        self.replicas.max(1)
+    }
+}
+
+struct Bench<'a> {
+    opts: &'a Options,
+    ctx: &'a Ctx<'a>,
+    loadgen: &'a Path,
+    dir: &'a Path,
+    agents_file: &'a Path,
+    stop: &'a Stop,
+}
+
+/// One arm's window: the control plane's CPU (cores), RSS (MiB) and requests.
+#[derive(Clone, Copy, Debug, Default)]
+struct Cost {
+    apiserver_cores: f64,
+    etcd_cores: f64,
+    apiserver_rss: f64,
+    etcd_rss: f64,
+    requests_per_sec: f64,
+    watches: f64,
+}
+
+/// What one "on" arm saw besides its cost.
+#[derive(Debug, Default)]
+struct OnArm {
+    /// From starting the agents to every replica ready.
+    start_to_ready: f64,
+    start_tokenreviews: f64,
+    start_rejected: f64,
+    restart: Restart,
+    summary: Value,
+}
+
+#[derive(Debug, Default)]
+struct Restart {
+    /// From the kill to the new process' first answer, to its readyz 200, and to every
+    /// fleet node served from its agent on every replica (NaN: not within 60 s more).
+    kill_to_answer: f64,
+    kill_to_ready: f64,
+    kill_to_agents: f64,
+    tokenreviews: f64,
+    rejected: f64,
+    apiserver_cores: f64,
+}
+
+/// The control plane's counters at one moment.
+struct Sample {
+    at: Instant,
+    apiserver_cpu: f64,
+    etcd_cpu: f64,
+    metrics: Metrics,
+}
+
+impl Bench<'_> {
+    fn kubectl(&self, args: &[&str]) -> Result<String> {
+        crate::exec::output(self.ctx.kubectl().args(args))
+    }
+
+    fn pid(&self, name: &str) -> Result<u32> {
+        let path = self.ctx.dirs.state.join(format!("{name}.pid"));
+        fs::read_to_string(&path)
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+            .with_context(|| format!("{name} is not running (no {})", path.display()))
+    }
+
+    fn sample(&self) -> Result<Sample> {
+        let text = self.kubectl(&["get", "--raw", "/metrics"])?;
+        Ok(Sample {
+            at: Instant::now(),
+            apiserver_cpu: harness::cpu_seconds(self.pid("kube-apiserver")?)?,
+            etcd_cpu: harness::cpu_seconds(self.pid("etcd")?)?,
+            metrics: harness::parse_metrics(&text),
+        })
+    }
+
+    fn cost(&self, a: &Sample, b: &Sample) -> Result<Cost> {
+        let secs = b.at.duration_since(a.at).as_secs_f64();
+        let requests = |m: &Metrics| harness::sum(m, "apiserver_request_total", |_| true);
+        Ok(Cost {
+            apiserver_cores: (b.apiserver_cpu - a.apiserver_cpu) / secs,
+            etcd_cores: (b.etcd_cpu - a.etcd_cpu) / secs,
+            apiserver_rss: harness::rss_mib(self.pid("kube-apiserver")?)?.0,
+            etcd_rss: harness::rss_mib(self.pid("etcd")?)?.0,
+            requests_per_sec: (requests(&b.metrics) - requests(&a.metrics)) / secs,
+            watches: harness::sum(&b.metrics, "apiserver_longrunning_requests", |l| {
+                l.contains("verb=\"WATCH\"")
+            }),
+        })
+    }
+
+    /// What the Deployment is before the benchmark changes it.
+    fn saved(&self) -> Result<Saved> {
+        let d: Value = serde_json::from_str(
+            &self.kubectl(&["-n", NAMESPACE, "get", DEPLOYMENT, "-o", "json"])?,
+        )
+        .context("kubectl printed no JSON")?;
+        let container = &d["spec"]["template"]["spec"]["containers"][0];
+        ensure!(
+            container["args"].is_array(),
+            "the aggregator-api Deployment has no args"
+        );
+        Ok(Saved {
+            replicas: d["spec"]["replicas"].as_u64().unwrap_or(1),
+            args: container["args"].clone(),
+            memory_limit: container["resources"]["limits"]["memory"].clone(),
+        })
+    }
+
+    /// Changes the Deployment for the fleet and waits for the rollout.
+    fn patch_deployment(&self, saved: &Saved) -> Result<()> {
+        let limits = ["--max-connections-per-ip=", "--max-agent-streams="];
+        let mut args: Vec<Value> = saved
+            .args
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| {
+                !a.as_str()
+                    .is_some_and(|a| limits.iter().any(|l| a.starts_with(l)))
+            })
+            .cloned()
+            .collect();
+        // Every fleet agent connects from this machine's address (real agents each have
+        // their pod's): the default limit of 1,024 per address would refuse the rest. And
+        // the fleet may be larger than the default --max-agent-streams (10,000).
+        let room = self.opts.shape.nodes + 64;
+        args.push(json!(format!("--max-connections-per-ip={room}")));
+        args.push(json!(format!("--max-agent-streams={room}")));
+        self.patch(&json!([
+            {"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args},
+            {"op": "add", "path": "/spec/template/spec/containers/0/resources/limits/memory",
+             "value": self.opts.server_memory_limit},
+        ]))?;
+        self.rollout()
+    }
+
+    fn restore(&self, saved: &Saved) -> Result<()> {
+        let memory = "/spec/template/spec/containers/0/resources/limits/memory";
+        let ops = json!([
+            {"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": saved.args},
+            {"op": "replace", "path": "/spec/replicas", "value": saved.replicas},
+            if saved.memory_limit.is_null() {
+                json!({"op": "remove", "path": memory})
+            } else {
+                json!({"op": "replace", "path": memory, "value": saved.memory_limit})
+            },
+        ]);
+        self.patch(&ops)?;
+        self.rollout()
+    }
+
+    fn patch(&self, ops: &Value) -> Result<()> {
+        self.kubectl(&[
+            "-n",
+            NAMESPACE,
+            "patch",
+            DEPLOYMENT,
+            "--type=json",
+            "-p",
+            &ops.to_string(),
+        ])
+        .map(drop)
+    }
+
+    /// Waits for the rollout. The replicas are ready only once the fleet's agents stream to
+    /// them (or 60 s after they start), so without agents this waits that long.
+    fn rollout(&self) -> Result<()> {
+        self.kubectl(&[
+            "-n",
+            NAMESPACE,
+            "rollout",
+            "status",
+            DEPLOYMENT,
+            "--timeout=600s",
+            // The watch outlives a request's timeout; `--timeout` bounds it.
+            "--request-timeout=0",
+        ])
+        .map(drop)
+    }
+
+    fn scale(&self, replicas: u64) -> Result<()> {
+        self.kubectl(&[
+            "-n",
+            NAMESPACE,
+            "scale",
+            DEPLOYMENT,
+            &format!("--replicas={replicas}"),
+        ])
+        .map(drop)
+    }
+
+    /// The replicas' pods (not being deleted): name, IP (if any), Ready, container ID.
+    fn replicas(&self) -> Result<Vec<Replica>> {
+        let pods = self
+            .ctx
+            .json(&["-n", NAMESPACE, "get", "pods", "-l", SELECTOR])?;
+        Ok(pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .map(|p| Replica {
+                name: p["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                ip: p["status"]["podIP"].as_str().map(str::to_owned),
+                ready: p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True"),
+                container: p["status"]["containerStatuses"][0]["containerID"]
+                    .as_str()
+                    .and_then(|id| id.strip_prefix("containerd://"))
+                    .map(str::to_owned),
+            })
+            .collect())
+    }
+
+    /// Polls `done` on the replicas every 200 ms, at most [`PHASE_LIMIT`].
+    fn wait_replicas(&self, what: &str, done: impl Fn(&[Replica]) -> bool) -> Result<Vec<Replica>> {
+        let deadline = Instant::now() + PHASE_LIMIT;
+        loop {
+            self.stop.check()?;
+            let replicas = self.replicas()?;
+            if done(&replicas) {
+                return Ok(replicas);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the aggregator-api replicas not {what} after {PHASE_LIMIT:?}: {replicas:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The fewest fleet nodes any replica serves from their agents
+    /// (`kpulse_aggregator_node_source{source="agent"}`).
+    fn fewest_from_agents(&self) -> Result<usize> {
+        let prefix = format!(
+            "kpulse_aggregator_node_source{{node=\"{}",
+            fleet::NODE_PREFIX
+        );
+        let texts = super::check::server_metrics(self.ctx)?;
+        Ok(texts
+            .iter()
+            .map(|t| {
+                t.lines()
+                    .filter(|l| l.starts_with(&prefix) && l.contains("source=\"agent\""))
+                    .count()
+            })
+            .min()
+            .unwrap_or(0))
+    }
+
+    fn measure(&self, saved: &Saved) -> Result<String> {
+        let opts = self.opts;
+        let mut off = Vec::new();
+        let mut on = Vec::new();
+        let mut arms = Vec::new();
+        for round in 0..opts.rounds {
+            let order = if round % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            };
+            for kpulse in order {
+                if kpulse {
+                    println!("bench-fleet: round {}/{}: on", round + 1, opts.rounds);
+                    let (cost, arm) = self.on_arm(saved, round)?;
+                    on.push(cost);
+                    arms.push(arm);
+                } else {
+                    println!("bench-fleet: round {}/{}: off", round + 1, opts.rounds);
+                    off.push(self.off_arm()?);
+                }
+            }
+        }
+        println!("bench-fleet: reads");
+        let reads = self.reads(saved)?;
+        Ok(self.report(&off, &on, &arms, &reads))
+    }
+
+    fn off_arm(&self) -> Result<Cost> {
+        self.scale(0)?;
+        self.wait_replicas("gone", <[Replica]>::is_empty)?;
+        self.stop
+            .sleep(Duration::from_secs(self.opts.settle_secs))?;
+        let a = self.sample()?;
+        self.stop
+            .sleep(Duration::from_secs(self.opts.window_secs))?;
+        let b = self.sample()?;
+        self.cost(&a, &b)
+    }
+
+    /// New replicas (the old ones, if any, gone first: every "on" arm starts alike) with the
+    /// fleet's agents streaming, every replica ready; the agents, their summary file, the
+    /// seconds from their start to every replica ready, and the counters before they started.
+    fn start_on(&self, saved: &Saved) -> Result<(Proc, PathBuf, f64, Sample)> {
+        self.scale(0)?;
+        self.wait_replicas("gone", <[Replica]>::is_empty)?;
+        self.scale(saved.on_replicas())?;
+        let replicas = self.wait_replicas("running with an address", |r| {
+            r.len() as u64 == saved.on_replicas()
+                && r.iter().all(|r| r.ip.is_some() && r.container.is_some())
+        })?;
+        let servers: Vec<String> = replicas
+            .iter()
+            .filter_map(|r| r.ip.as_ref())
+            .map(|ip| format!("{ip}:8444"))
+            .collect();
+        let before = self.sample()?;
+        let summary = self.dir.join("loadgen.out");
+        let mut args = vec![
+            "--ca-dir".to_owned(),
+            self.dir.join("ca").display().to_string(),
+            "--fleet".to_owned(),
+            self.agents_file.display().to_string(),
+            "--apiserver".to_owned(),
+            daemons::apiserver_url(),
+            "--apiserver-ca".to_owned(),
+            self.ctx.dirs.pki.join("ca.crt").display().to_string(),
+            "--ramp-secs".to_owned(),
+            self.opts.ramp_secs.to_string(),
+        ];
+        for s in &servers {
+            args.extend(["--server".to_owned(), s.clone()]);
+        }
+        let mut proc = Proc::spawn(
+            "the fleet's agents (loadgen)",
+            self.loadgen,
+            &args,
+            false,
+            &self.dir.join("loadgen.log"),
+            Some(&summary),
+        )?;
+        let started = Instant::now();
+        let deadline = started + PHASE_LIMIT;
+        loop {
+            self.stop.check()?;
+            proc.check_running()?;
+            let r = self.replicas()?;
+            if r.len() as u64 == saved.on_replicas() && r.iter().all(|r| r.ready) {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the replicas not ready {PHASE_LIMIT:?} after the agents started: {r:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok((proc, summary, started.elapsed().as_secs_f64(), before))
+    }
+
+    fn on_arm(&self, saved: &Saved, round: usize) -> Result<(Cost, OnArm)> {
+        let (mut proc, summary, start_to_ready, before) = self.start_on(saved)?;
+        let ready = self.sample()?;
+        let mut arm = OnArm {
+            start_to_ready,
+            start_tokenreviews: tokenreviews(&ready.metrics) - tokenreviews(&before.metrics),
+            start_rejected: rejected(&ready.metrics) - rejected(&before.metrics),
+            ..OnArm::default()
+        };
+        self.stop
+            .sleep(Duration::from_secs(self.opts.settle_secs))?;
+        let a = self.sample()?;
+        self.stop
+            .sleep(Duration::from_secs(self.opts.window_secs))?;
+        proc.check_running()?;
+        let b = self.sample()?;
+        let cost = self.cost(&a, &b)?;
+        arm.restart = self.restart(round)?;
+        proc.check_running()?;
+        proc.signal("TERM")?;
+        proc.wait_for(Duration::from_secs(120))?
+            .context("the fleet's agents did not stop within 120 s")?;
+        arm.summary = harness::read_summary(&summary)?;
+        Ok((cost, arm))
+    }
+
+    /// Kills replica `round % replicas`'s process and times it back to ready.
+    fn restart(&self, round: usize) -> Result<Restart> {
+        let replicas = self.replicas()?;
+        ensure!(!replicas.is_empty(), "no aggregator-api replica to restart");
+        let victim = &replicas[round % replicas.len()];
+        let (Some(ip), Some(container)) = (&victim.ip, &victim.container) else {
+            bail!("replica {} has no address or container", victim.name);
+        };
+        let pid = container_pid(self.ctx, container)?;
+        let pid = u32::try_from(pid).context("a PID")?;
+        let before = self.sample()?;
+        let killed = Instant::now();
+        crate::exec::run(Command::new("kill").args(["-KILL", &pid.to_string()]))?;
+        // Once the old process is gone, whatever answers is the new one.
+        while super::host::alive(pid) {
+            ensure!(
+                killed.elapsed() < Duration::from_secs(30),
+                "replica {}'s process {pid} still there 30 s after SIGKILL",
+                victim.name
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let url = format!("https://{ip}:{HTTPS_PORT}/readyz");
+        let mut answered = None;
+        let deadline = killed + PHASE_LIMIT;
+        let ready = loop {
+            self.stop.check()?;
+            let code = crate::exec::output(
+                Command::new("curl")
+                    .args([
+                        "-sk",
+                        "--max-time",
+                        "5",
+                        "-o",
+                        "/dev/null",
+                        "-w",
+                        "%{http_code}",
+                    ])
+                    .arg(&url),
+            )
+            .unwrap_or_else(|_| "000".to_owned());
+            let now = killed.elapsed().as_secs_f64();
+            match code.trim() {
+                "000" => {}
+                "200" => break now,
+                _ if answered.is_none() => answered = Some(now),
+                _ => {}
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "replica {} not ready {PHASE_LIMIT:?} after its process was killed",
+                victim.name
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let answered = answered.unwrap_or(ready);
+        // Ready means every node served from either source (the kubelet fallback reads kwok
+        // for a node whose agent is not back yet), or 60 s after the start whatever is
+        // missing: then until every fleet node is served from its agent again.
+        let mut from_agents = f64::NAN;
+        let limit = Duration::from_secs_f64(ready) + Duration::from_secs(60);
+        while killed.elapsed() < limit {
+            self.stop.check()?;
+            if self.fewest_from_agents()? >= self.opts.shape.nodes {
+                from_agents = killed.elapsed().as_secs_f64();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        let after = self.sample()?;
+        let secs = after.at.duration_since(before.at).as_secs_f64();
+        Ok(Restart {
+            kill_to_answer: answered,
+            kill_to_ready: ready,
+            kill_to_agents: from_agents,
+            tokenreviews: tokenreviews(&after.metrics) - tokenreviews(&before.metrics),
+            rejected: rejected(&after.metrics) - rejected(&before.metrics),
+            apiserver_cores: (after.apiserver_cpu - before.apiserver_cpu) / secs,
+        })
+    }
+
+    /// The reads phase: kpulse on, every kind of read `--reads` times, interleaved.
+    fn reads(&self, saved: &Saved) -> Result<Vec<Reads>> {
+        let (mut proc, summary, _, _) = self.start_on(saved)?;
+        self.stop
+            .sleep(Duration::from_secs(self.opts.settle_secs))?;
+        let ns = fleet::Shape::first_namespace();
+        let fleet_pods = self.opts.shape.nodes * self.opts.shape.pods;
+        // Pod k of node i is in namespace (i × pods + k) mod namespaces: the first one has
+        // the most, this many.
+        let ns_pods = fleet_pods.div_ceil(self.opts.shape.namespaces);
+        let nodes = self.opts.shape.nodes;
+        let (node_prefix, ns_prefix) = (fleet::NODE_PREFIX, fleet::NAMESPACE_PREFIX);
+        let base = "/apis/metrics.k8s.io/v1beta1";
+        let mut kinds = vec![
+            Reads::kubectl(
+                "kubectl top node",
+                &["top", "node"],
+                Want::names(nodes, node_prefix),
+            ),
+            Reads::kubectl(
+                "kubectl top pod -A",
+                &["top", "pod", "-A"],
+                Want::names(fleet_pods, ns_prefix),
+            ),
+            Reads::kubectl(
+                &format!("kubectl top pod -n {ns}"),
+                &["top", "pod", "-n", &ns],
+                Want::names(ns_pods, fleet::POD_PREFIX),
+            ),
+            Reads::raw(
+                "GET NodeMetrics, all",
+                &format!("{base}/nodes"),
+                Want::names(nodes, node_prefix),
+            ),
+            Reads::raw(
+                "GET PodMetrics, all namespaces",
+                &format!("{base}/pods"),
+                Want::namespaces(fleet_pods, ns_prefix),
+            ),
+            Reads::raw(
+                &format!("GET PodMetrics, namespace {ns}"),
+                &format!("{base}/namespaces/{ns}/pods"),
+                Want::names(ns_pods, fleet::POD_PREFIX),
+            ),
+            Reads::raw("GET discovery of metrics.k8s.io/v1beta1", base, None),
+        ];
+        for _ in 0..self.opts.reads {
+            for kind in &mut kinds {
+                self.stop.check()?;
+                proc.check_running()?;
+                kind.once(self)?;
+            }
+        }
+        proc.signal("TERM")?;
+        proc.wait_for(Duration::from_secs(120))?
+            .context("the fleet's agents did not stop within 120 s")?;
+        harness::read_summary(&summary)?;
+        Ok(kinds)
+    }
+
+    fn report(&self, off: &[Cost], on: &[Cost], arms: &[OnArm], reads: &[Reads]) -> String {
+        let opts = self.opts;
+        let shape = &opts.shape;
+        let commit =
+            crate::exec::output(Command::new("git").args(["rev-parse", "--short", "HEAD"]))
+                .unwrap_or_default();
+        let mut out = format!(
+            "### {} kwok nodes × {} pods × {} containers, {} namespaces (`cargo xtask cluster \
+             bench-fleet --nodes {} --pods {} --containers {} --namespaces {} --rounds {} \
+             --window-secs {}`, commit {})\n\n",
+            shape.nodes,
+            shape.pods,
+            shape.containers,
+            shape.namespaces,
+            shape.nodes,
+            shape.pods,
+            shape.containers,
+            shape.namespaces,
+            opts.rounds,
+            opts.window_secs,
+            commit.trim(),
+        );
+        let cell = |v: Vec<f64>, scale: f64, digits: usize| {
+            let v: Vec<f64> = v.into_iter().map(|x| x * scale).collect();
+            let (lo, hi) = stats::range(&v);
+            format!(
+                "{:.digits$} ({:.digits$}–{:.digits$})",
+                stats::median(&v),
+                lo,
+                hi
+            )
+        };
+        out.push_str(
+            "Control plane over each arm's window, median (min–max) of the rounds:\n\n\
+             | arm | kube-apiserver CPU (mCPU) | etcd CPU (mCPU) | kube-apiserver RSS (MiB) | \
+             etcd RSS (MiB) | requests/s | watches open |\n|---|---|---|---|---|---|---|\n",
+        );
+        for (name, arm) in [("off (no kpulse)", off), ("on", on)] {
+            let col = |f: fn(&Cost) -> f64| arm.iter().map(f).collect::<Vec<_>>();
+            out.push_str(&format!(
+                "| {name} | {} | {} | {} | {} | {} | {} |\n",
+                cell(col(|c| c.apiserver_cores), 1e3, 0),
+                cell(col(|c| c.etcd_cores), 1e3, 0),
+                cell(col(|c| c.apiserver_rss), 1.0, 0),
+                cell(col(|c| c.etcd_rss), 1.0, 0),
+                cell(col(|c| c.requests_per_sec), 1.0, 1),
+                cell(col(|c| c.watches), 1.0, 0),
+            ));
+        }
+        let diffs = |f: fn(&Cost) -> f64| -> Vec<f64> {
+            on.iter().zip(off).map(|(a, b)| f(a) - f(b)).collect()
+        };
+        let per_1000 = 1000.0 / shape.nodes as f64;
+        for (what, f) in [
+            (
+                "kube-apiserver CPU",
+                (|c: &Cost| c.apiserver_cores) as fn(&Cost) -> f64,
+            ),
+            ("etcd CPU", |c: &Cost| c.etcd_cores),
+        ] {
+            let (m, lo, hi) = stats::paired(&diffs(f));
+            out.push_str(&format!(
+                "\n{what}, on − off (paired by round): {:.0} mCPU, 95 % CI {:.0} … {:.0}; per \
+                 1,000 nodes {:.1} mCPU ({:.1} … {:.1}).",
+                m * 1e3,
+                lo * 1e3,
+                hi * 1e3,
+                m * 1e3 * per_1000,
+                lo * 1e3 * per_1000,
+                hi * 1e3 * per_1000,
+            ));
+        }
+        out.push_str(
+            "\n\nEach \"on\" arm: new replicas, then the fleet's agents started (ramp) until \
+             every replica's Pod is Ready; then one replica's process killed and timed back: \
+             its first answer, its readyz 200 (every node with a Ready agent Pod served, from \
+             its agent or the kubelet fallback, for 3 s; or 60 s after its start whatever is \
+             missing: a figure near 60 s is that timeout), and every fleet node served from its \
+             agent on every replica. TokenReviews, APF rejections and kube-apiserver's CPU from \
+             just before the kill to then:\n\n\
+             | round | start → every Pod Ready (s) | TokenReviews | APF rejected | kill → \
+             answering (s) | kill → readyz 200 (s) | kill → all from agents (s) | TokenReviews | \
+             APF rejected | kube-apiserver during (mCPU) | ticks sent / unsent | pod-watch \
+             events / errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        );
+        for (i, a) in arms.iter().enumerate() {
+            let r = &a.restart;
+            out.push_str(&format!(
+                "| {} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {:.0} | {} \
+                 / {} | {} / {} |\n",
+                i + 1,
+                a.start_to_ready,
+                a.start_tokenreviews,
+                a.start_rejected,
+                r.kill_to_answer,
+                r.kill_to_ready,
+                r.kill_to_agents,
+                r.tokenreviews,
+                r.rejected,
+                r.apiserver_cores * 1e3,
+                a.summary["sent"],
+                a.summary["unsent"],
+                a.summary["pod_watch_events"],
+                a.summary["pod_watch_errors"],
+            ));
+        }
+        out.push_str(&format!(
+            "\nReads through kube-apiserver with kpulse on, {} of each, interleaved (the \
+             cluster's own kubectl, its wall time; GETs by curl as the admin, `Accept: \
+             application/json`; 60 s timeout each; an answer without every fleet node or pod \
+             it should list counts as an error):\n\n\
+             | read | errors | p50 (ms) | p90 (ms) | max (ms) | bytes (median) | fleet items \
+             (min) |\n|---|---|---|---|---|---|---|\n",
+            opts.reads,
+        ));
+        for r in reads {
+            out.push_str(&r.row());
+        }
+        out
+    }
+}
+
+#[derive(Debug)]
+struct Replica {
+    name: String,
+    ip: Option<String>,
+    ready: bool,
+    container: Option<String>,
+}
+
+fn tokenreviews(m: &Metrics) -> f64 {
+    harness::sum(m, "apiserver_request_total", |l| {
+        l.contains("resource=\"tokenreviews\"")
+    })
+}
+
+fn rejected(m: &Metrics) -> f64 {
+    harness::sum(m, "apiserver_flowcontrol_rejected_requests_total", |_| true)
+}
+
+/// One kind of read and its samples.
+struct Reads {
+    name: String,
+    how: How,
+    /// What a complete answer lists: at least `n` items of the fleet (none: not counted).
+    want: Option<Want>,
+    /// Seconds of the successful ones.
+    times: Vec<f64>,
+    bytes: Vec<f64>,
+    items: Vec<usize>,
+    errors: usize,
+}
+
+enum How {
+    Kubectl(Vec<String>),
+    Raw(String),
+}
+
+/// The fleet's items an answer must list: those whose name (or namespace) starts with
+/// `prefix` — for kubectl, whose first column does, with figures (not `<unknown>`).
+struct Want {
+    n: usize,
+    prefix: String,
+    by_namespace: bool,
+}
+
+impl Want {
+    fn names(n: usize, prefix: &str) -> Option<Want> {
+        Some(Want {
+            n,
+            prefix: prefix.to_owned(),
+            by_namespace: false,
+        })
+    }
+
+    fn namespaces(n: usize, prefix: &str) -> Option<Want> {
+        Some(Want {
+            n,
+            prefix: prefix.to_owned(),
+            by_namespace: true,
+        })
+    }
+
+    /// The fleet's rows of kubectl's table.
+    fn rows(&self, table: &str) -> usize {
+        table
+            .lines()
+            .skip(1)
+            .filter(|l| {
+                l.split_whitespace()
+                    .next()
+                    .is_some_and(|c| c.starts_with(&self.prefix))
+                    && !l.contains("<unknown>")
+            })
+            .count()
+    }
+
+    /// The fleet's items of a JSON list.
+    fn items(&self, list: &Value) -> usize {
+        let field = if self.by_namespace {
+            "namespace"
+        } else {
+            "name"
+        };
+        list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| {
+                i["metadata"][field]
+                    .as_str()
+                    .is_some_and(|v| v.starts_with(&self.prefix))
+            })
+            .count()
+    }
+}
+
+impl Reads {
+    fn kubectl(name: &str, args: &[&str], want: Option<Want>) -> Reads {
+        let mut args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        // As the GETs' curl: a list may take long; the goal is what is measured.
+        args.push("--request-timeout=60s".to_owned());
+        Reads::new(name, How::Kubectl(args), want)
+    }
+
+    fn raw(name: &str, path: &str, want: Option<Want>) -> Reads {
+        Reads::new(name, How::Raw(path.to_owned()), want)
+    }
+
+    fn new(name: &str, how: How, want: Option<Want>) -> Reads {
+        Reads {
+            name: name.to_owned(),
+            how,
+            want,
+            times: Vec::new(),
+            bytes: Vec::new(),
+            items: Vec::new(),
+            errors: 0,
+        }
+    }
+
+    /// Counts one answer: its time, bytes and fleet items, or an error (a failure, or an
+    /// answer short of the fleet).
+    fn count(&mut self, ok: bool, secs: f64, bytes: f64, items: usize) {
+        let complete = self.want.as_ref().is_none_or(|w| items >= w.n);
+        if ok && complete {
+            self.times.push(secs);
+            self.bytes.push(bytes);
+            self.items.push(items);
+        } else {
+            self.errors += 1;
+        }
+    }
+
+    fn once(&mut self, bench: &Bench<'_>) -> Result<()> {
+        match &self.how {
+            How::Kubectl(args) => {
+                let t = Instant::now();
+                let out = bench
+                    .ctx
+                    .kubectl()
+                    .args(args)
+                    .stderr(std::process::Stdio::null())
+                    .output()
+                    .context("cannot run kubectl")?;
+                let secs = t.elapsed().as_secs_f64();
+                let text = String::from_utf8_lossy(&out.stdout);
+                let items = self.want.as_ref().map_or(0, |w| w.rows(&text));
+                self.count(out.status.success(), secs, out.stdout.len() as f64, items);
+            }
+            How::Raw(path) => {
+                let dirs = bench.ctx.dirs;
+                let body = bench.dir.join("read.json");
+                let _ = fs::remove_file(&body);
+                let out = Command::new("curl")
+                    .args(["-sS", "--max-time", "60", "-H", "Accept: application/json"])
+                    .arg("--cacert")
+                    .arg(dirs.pki.join("ca.crt"))
+                    .arg("--cert")
+                    .arg(dirs.pki.join("admin.crt"))
+                    .arg("--key")
+                    .arg(dirs.pki.join("admin.key"))
+                    .arg("-o")
+                    .arg(&body)
+                    .args(["-w", "%{http_code} %{time_total} %{size_download}"])
+                    .arg(format!("{}{path}", daemons::apiserver_url()))
+                    .output()
+                    .context("cannot run curl")?;
+                let text = String::from_utf8_lossy(&out.stdout);
+                let mut parts = text.split_whitespace();
+                let code = parts.next().unwrap_or_default();
+                let secs: f64 = parts
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(f64::NAN);
+                let size: f64 = parts
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(f64::NAN);
+                let items = match &self.want {
+                    Some(w) => {
+                        let text = fs::read(&body).unwrap_or_default();
+                        serde_json::from_slice::<Value>(&text)
+                            .map(|v| w.items(&v))
+                            .unwrap_or(0)
+                    }
+                    None => 0,
+                };
+                self.count(out.status.success() && code == "200", secs, size, items);
+            }
+        }
+        Ok(())
+    }
+
+    fn row(&self) -> String {
+        let mut ms: Vec<f64> = self.times.iter().map(|t| t * 1e3).collect();
+        let p50 = super::versus::percentile(&mut ms, 0.5);
+        let p90 = super::versus::percentile(&mut ms, 0.9);
+        let max = stats::range(&ms).1;
+        let items = match (&self.want, self.items.iter().min()) {
+            (Some(_), Some(n)) => n.to_string(),
+            _ => "–".to_owned(),
+        };
+        format!(
+            "| {} | {} of {} | {p50:.0} | {p90:.0} | {max:.0} | {:.0} | {items} |\n",
+            self.name,
+            self.errors,
+            self.errors + self.times.len(),
+            stats::median(&self.bytes),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_counts_errors_and_reports_percentiles_of_the_rest() {
+        let mut r = Reads::raw("x", "/x", Want::names(3, "p-"));
+        r.times = (1..=10).map(|i| f64::from(i) / 1e3).collect();
+        r.bytes = vec![100.0; 10];
+        r.items = vec![3; 10];
+        r.errors = 2;
+        assert_eq!(r.row(), "| x | 2 of 12 | 5 | 9 | 10 | 100 | 3 |\n");
+    }
+
+    #[test]
+    fn only_the_fleets_rows_with_figures_count() {
+        let table = "NAME               CPU(cores)   MEMORY(bytes)\n\
+                     fleet-node-00000   120m         300Mi\n\
+                     fleet-node-00001   <unknown>    <unknown>\n\
+                     kpulse-node        300m         2Gi\n";
+        let want = Want::names(2, fleet::NODE_PREFIX).expect("a want");
+        assert_eq!(want.rows(table), 1);
+        let list = json!({"items": [
+            {"metadata": {"name": "p-00000-000", "namespace": "fleet-000"}},
+            {"metadata": {"name": "coredns-1", "namespace": "kube-system"}},
+        ]});
+        let by_ns = Want::namespaces(1, "fleet-").expect("a want");
+        assert_eq!(by_ns.items(&list), 1);
+        assert_eq!(Want::names(1, "p-").expect("a want").items(&list), 1);
+    }
+
+    #[test]
+    fn an_answer_short_of_the_fleet_is_an_error() {
+        let mut r = Reads::kubectl("top", &["top", "node"], Want::names(2, "fleet-node-"));
+        r.count(true, 0.1, 10.0, 1);
+        r.count(false, 0.1, 10.0, 2);
+        r.count(true, 0.2, 10.0, 2);
+        assert_eq!((r.errors, r.items.clone()), (2, vec![2]));
+        let mut discovery = Reads::raw("d", "/apis", None);
+        discovery.count(true, 0.1, 10.0, 0);
+        assert_eq!(discovery.errors, 0);
+    }
+
+    #[test]
+    fn control_plane_counters_are_picked_by_their_labels() {
+        let m: Metrics = [
+            (
+                "apiserver_request_total{code=\"201\",resource=\"tokenreviews\",verb=\"POST\"}",
+                7.0,
+            ),
+            (
+                "apiserver_request_total{code=\"200\",resource=\"pods\",verb=\"LIST\"}",
+                5.0,
+            ),
+            (
+                "apiserver_flowcontrol_rejected_requests_total{flow_schema=\"x\"}",
+                1.0,
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        assert_eq!(tokenreviews(&m), 7.0);
+        assert_eq!(rejected(&m), 1.0);
+        assert_eq!(harness::sum(&m, "apiserver_request_total", |_| true), 12.0);
+    }
+}

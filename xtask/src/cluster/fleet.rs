@@ -193,7 +193,55 @@ pub(super) fn make(
     client: &kube::Client,
 ) -> Result<()> {
     shape.check()?;
-    let made = make_checked(shape, agents_file, dirs, release, rt, client);
+    let opts = shape;
+    // What it made stays on failure: say so, whichever step failed.
+    let made = (|| -> Result<()> {
+        let started = Instant::now();
+        host::fleet_route_up()?;
+        start_kwok(dirs)?;
+        let args = controller_manager_args(dirs)?;
+        if !args.iter().any(|a| a == GRACE_PERIOD) {
+            let own = args
+                .iter()
+                .find(|a| a.starts_with("--node-monitor-grace-period="))
+                .cloned()
+                .unwrap_or_default();
+            fs::write(dirs.state.join(GRACE_SAVED), own)?;
+            println!("fleet: kube-controller-manager restarted with {GRACE_PERIOD}");
+            host::restart(dirs, "kube-controller-manager", |mut args| {
+                args.retain(|a| !a.starts_with("--node-monitor-grace-period="));
+                args.push(GRACE_PERIOD.to_string());
+                args
+            })?;
+        }
+        rt.block_on(async {
+            let t = Instant::now();
+            let made = create_nodes(client, opts, release).await?;
+            println!(
+                "fleet: {} nodes made ({made} new) in {:.1} s",
+                opts.nodes,
+                t.elapsed().as_secs_f64()
+            );
+            let t = Instant::now();
+            let made = create_pods(client, opts).await?;
+            println!(
+                "fleet: {} pods made ({made} new) in {:.1} s",
+                opts.nodes * opts.pods,
+                t.elapsed().as_secs_f64()
+            );
+            wait_fleet(client, opts, started).await?;
+            if let Some(path) = agents_file {
+                let t = Instant::now();
+                let n = write_agents_file(client, path).await?;
+                println!(
+                    "fleet: {n} agents' tokens and pods in {} ({:.1} s)",
+                    path.display(),
+                    t.elapsed().as_secs_f64()
+                );
+            }
+            Ok(())
+        })
+    })();
     if made.is_err() {
         eprintln!(
             "fleet: failed; what it made stays (kwok, the route, kube-controller-manager's grace \
@@ -201,61 +249,6 @@ pub(super) fn make(
         );
     }
     made
-}
-
-fn make_checked(
-    opts: &Shape,
-    agents_file: Option<&Path>,
-    dirs: &Dirs,
-    release: &versions::Release,
-    rt: &tokio::runtime::Runtime,
-    client: &kube::Client,
-) -> Result<()> {
-    let started = Instant::now();
-    host::fleet_route_up()?;
-    start_kwok(dirs)?;
-    let args = controller_manager_args(dirs)?;
-    if !args.iter().any(|a| a == GRACE_PERIOD) {
-        let own = args
-            .iter()
-            .find(|a| a.starts_with("--node-monitor-grace-period="))
-            .cloned()
-            .unwrap_or_default();
-        fs::write(dirs.state.join(GRACE_SAVED), own)?;
-        println!("fleet: kube-controller-manager restarted with {GRACE_PERIOD}");
-        host::restart(dirs, "kube-controller-manager", |mut args| {
-            args.retain(|a| !a.starts_with("--node-monitor-grace-period="));
-            args.push(GRACE_PERIOD.to_string());
-            args
-        })?;
-    }
-    rt.block_on(async {
-        let t = Instant::now();
-        let made = create_nodes(client, opts, release).await?;
-        println!(
-            "fleet: {} nodes made ({made} new) in {:.1} s",
-            opts.nodes,
-            t.elapsed().as_secs_f64()
-        );
-        let t = Instant::now();
-        let made = create_pods(client, opts).await?;
-        println!(
-            "fleet: {} pods made ({made} new) in {:.1} s",
-            opts.nodes * opts.pods,
-            t.elapsed().as_secs_f64()
-        );
-        wait_fleet(client, opts, started).await?;
-        if let Some(path) = agents_file {
-            let t = Instant::now();
-            let n = write_agents_file(client, path).await?;
-            println!(
-                "fleet: {n} agents' tokens and pods in {} ({:.1} s)",
-                path.display(),
-                t.elapsed().as_secs_f64()
-            );
-        }
-        Ok(())
-    })
 }
 
 /// The agent's ServiceAccount and the audience its projected token has (deploy/).

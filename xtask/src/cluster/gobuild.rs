@@ -486,14 +486,20 @@ pub fn build(component: &Component, build_root: &Path) -> Result<()> {
                 .sysroot
                 .as_ref()
                 .with_context(|| format!("{label}: cgo for {} needs a sysroot", cross.goarch))?;
+            let libdir = sysroot.join("usr/lib").join(cross.triplet);
+            // Go's build cache keys a cgo package on CGO_CFLAGS and CGO_LDFLAGS but not on
+            // what pkg-config printed, so a package compiled against another checkout's
+            // sysroot would come back from the cache with that checkout's `-L` path (CI
+            // failed so: `cannot find -lseccomp` under a path that no longer existed).
+            // Naming the sysroot in both puts it in the cache key; Go's own default for
+            // both is `-O2 -g`.
             cmd.env("CC", cross.cc)
                 .env(
-                    "PKG_CONFIG_LIBDIR",
-                    sysroot
-                        .join("usr/lib")
-                        .join(cross.triplet)
-                        .join("pkgconfig"),
+                    "CGO_CFLAGS",
+                    format!("-O2 -g -I{}", sysroot.join("usr/include").display()),
                 )
+                .env("CGO_LDFLAGS", format!("-O2 -g -L{}", libdir.display()))
+                .env("PKG_CONFIG_LIBDIR", libdir.join("pkgconfig"))
                 .env("PKG_CONFIG_SYSROOT_DIR", sysroot);
             ldflags.push_str(" -linkmode external -extldflags -static");
         }

@@ -57,7 +57,7 @@ use crate::{
     agents::AgentPods,
     metadata::StreamMetadata,
     nodes::ClusterNodes,
-    store::{Store, StoreConfig, WindowMode},
+    store::{RestartRule, Store, StoreConfig, WindowMode},
 };
 
 /// How often a node that entered the fallback is scraped until the kubelet's readings give
@@ -216,6 +216,8 @@ impl Fallback {
             first_point_max_age: Duration::ZERO,
             window: Duration::ZERO,
             window_mode: WindowMode::Fixed,
+            // metrics-server's: a start time after the last point is a restart.
+            restarts: RestartRule::StartedAfterLastPoint,
         })?;
         Ok(Arc::new(Fallback {
             store: Arc::new(store),
@@ -578,8 +580,9 @@ impl Scrape {
                         name,
                         timestamp: r.timestamp,
                         cgroup_id: None,
-                        // The kubelet's start time: a change is a restart (the store then
-                        // never subtracts the old instance's counter from the new one's).
+                        // The kubelet's start time: one after the last point is a restart
+                        // (the store then never subtracts the old instance's counter from
+                        // the new one's).
                         started_at: r.started_at,
                         cpu: r.cpu,
                         memory_working_set: r.memory_working_set,

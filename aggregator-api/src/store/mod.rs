@@ -18,9 +18,11 @@
 //!   instance identity changed (`cgroup_id` or `started_at`, when both points carry it), or
 //!   a pod whose uid changed, starts a *new instance*: the old points are never subtracted
 //!   from the new ones. metrics-server detects a restart when the new start time is after
-//!   the last point's timestamp; we compare for equality instead, because our agent reports
-//!   exact, per-instance-constant values (see `kpulse_wire::ContainerSample`), and the
-//!   cgroup id catches a restart whatever the clocks say.
+//!   the last point's timestamp; for the agents' data we compare for equality instead,
+//!   because our agent reports exact, per-instance-constant values (see
+//!   `kpulse_wire::ContainerSample`), and the cgroup id catches a restart whatever the
+//!   clocks say. The kubelet fallback's store uses metrics-server's rule
+//!   ([`RestartRule::StartedAfterLastPoint`]): the start times it reads are not ours.
 //! - **Out-of-order points** (the agent's clock stepped back): the new point always becomes
 //!   the last one, as in metrics-server; it keeps the previous point only if that one is
 //!   strictly older, so there is no rate for the regressed point and rates resume with the
@@ -221,6 +223,22 @@ pub struct StoreConfig {
     pub window: Duration,
     /// Whether `window` is always served or is the longest served (see "Served window").
     pub window_mode: WindowMode,
+    /// What `started_at` says about restarts (see "Restarts").
+    pub restarts: RestartRule,
+}
+
+/// When a point's `started_at` makes it a new instance.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RestartRule {
+    /// Whenever it differs from the last point's: the agent reports exact values that are
+    /// constant for one instance.
+    #[default]
+    Changed,
+    /// When it is after the last point's timestamp, as metrics-server decides it: the
+    /// kubelet's start times are the runtime's, and endpoints that stand in for the kubelet
+    /// may report ones that move between scrapes (kwok's is the pod's age, in seconds since
+    /// the epoch), which would otherwise make every point a restart and no rate ever served.
+    StartedAfterLastPoint,
 }
 
 /// How the served window follows the CPU level (`--metric-window-mode`).
@@ -243,6 +261,7 @@ impl StoreConfig {
             first_point_max_age: DEFAULT_FIRST_POINT_MAX_AGE,
             window: Duration::ZERO,
             window_mode: WindowMode::Fixed,
+            restarts: RestartRule::Changed,
         }
     }
 }
@@ -1087,6 +1106,59 @@ mod tests {
         let p = get(&s, "p").expect("rate from the new start");
         assert_eq!(p.window, Duration::from_secs(1));
         assert_eq!(cpu_of(&p, "c"), NanoCores(500_000_000));
+    }
+
+    /// The kubelet fallback's rule (metrics-server's): a start time that moves but stays
+    /// before the last point is the same instance (kwok reports the pod's age as its start
+    /// time, so it moves with every scrape); one after the last point is a restart.
+    #[test]
+    fn restart_after_the_last_point_under_the_kubelets_rule() {
+        let config = |restarts| StoreConfig {
+            first_point_max_age: Duration::ZERO,
+            restarts,
+            ..StoreConfig::new(Duration::from_secs(10))
+        };
+        let (changed, changed_clock) = store_with(config(RestartRule::Changed));
+        let (kubelet, kubelet_clock) = store_with(config(RestartRule::StartedAfterLastPoint));
+        // kwok's: seconds since the epoch, growing by the scrape interval.
+        for (secs, cpu, start) in [(0, 5 * S, 78 * S), (1, 6 * S, 79 * S), (2, 7 * S, 80 * S)] {
+            let t = T0 + secs * S;
+            let p = || vec![pod("p", vec![started(c(t, cpu), start)])];
+            feed(&changed, &changed_clock, "n1", t, p());
+            feed(&kubelet, &kubelet_clock, "n1", t, p());
+        }
+        assert_eq!(get(&changed, "p"), None, "every point a new instance");
+        let p = get(&kubelet, "p").expect("one instance under the kubelet's rule");
+        assert_eq!(cpu_of(&p, "c"), NanoCores(S));
+        assert_eq!(p.window, Duration::from_secs(1));
+
+        // Started after the last point (T0 + 2 s): a restart, though the counter grew.
+        let t = T0 + 3 * S;
+        let restarted = started(c(t, 8 * S), T0 + 2 * S + MS);
+        let sum = feed(
+            &kubelet,
+            &kubelet_clock,
+            "n1",
+            t,
+            vec![pod("p", vec![restarted])],
+        );
+        assert_eq!(sum.restarts, 1);
+        assert_eq!(get(&kubelet, "p"), None, "no rate across the restart");
+        // Started exactly at the last point's time: not after it, the same instance.
+        let t = T0 + 4 * S;
+        let same = started(c(t, 9 * S), T0 + 3 * S);
+        let sum = feed(
+            &kubelet,
+            &kubelet_clock,
+            "n1",
+            t,
+            vec![pod("p", vec![same])],
+        );
+        assert_eq!(sum.restarts, 0);
+        assert_eq!(
+            cpu_of(&get(&kubelet, "p").expect("rate"), "c"),
+            NanoCores(S)
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use kpulse_wire::{Bytes, CgroupId, ContainerSample, CpuNanos, NodeSample, UnixNanos};
 
 use super::clock::duration_nanos;
-use super::{NanoCores, StoreConfig, WindowMode, MIN_FIRST_WINDOW};
+use super::{NanoCores, RestartRule, StoreConfig, WindowMode, MIN_FIRST_WINDOW};
 
 const MIN_FIRST_WINDOW_NANOS: u64 = MIN_FIRST_WINDOW.as_nanos() as u64;
 
@@ -47,15 +47,19 @@ impl Point {
         }
     }
 
-    /// Same instance unless an identity field is known in both points and differs.
-    fn same_instance(&self, new: &Point) -> bool {
-        fn agree<T: PartialEq>(a: Option<T>, b: Option<T>) -> bool {
-            match (a, b) {
-                (Some(a), Some(b)) => a == b,
-                _ => true,
-            }
-        }
-        agree(self.cgroup_id, new.cgroup_id) && agree(self.started_at, new.started_at)
+    /// Same instance unless an identity field is known in both points and says otherwise:
+    /// the cgroup id differs, or the start time does as `rule` reads it.
+    fn same_instance(&self, new: &Point, rule: RestartRule) -> bool {
+        let cgroup = match (self.cgroup_id, new.cgroup_id) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        };
+        let start = match (self.started_at, new.started_at, rule) {
+            (Some(a), Some(b), RestartRule::Changed) => a == b,
+            (_, Some(b), RestartRule::StartedAfterLastPoint) => b <= self.timestamp,
+            _ => true,
+        };
+        cgroup && start
     }
 }
 
@@ -260,6 +264,7 @@ pub(super) struct Limits {
     spacing: u64,
     /// The setting, for an adaptive window's weights; 0 unless the window is adaptive.
     adaptive_window: u64,
+    restarts: RestartRule,
 }
 
 impl Limits {
@@ -280,6 +285,7 @@ impl Limits {
                 WindowMode::Fixed => 0,
                 WindowMode::Adaptive => window,
             },
+            restarts: config.restarts,
         }
     }
 
@@ -313,7 +319,7 @@ impl Limits {
         let Some(old) = old else {
             return (self.first(new), false);
         };
-        if !old.last.same_instance(&new) {
+        if !old.last.same_instance(&new, self.restarts) {
             return (self.first(new), true);
         }
         if new.timestamp > old.last.timestamp {

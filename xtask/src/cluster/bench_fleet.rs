@@ -8,11 +8,14 @@
 //!    kpulse's ingest, one for kube-apiserver);
 //! 2. the aggregator-api Deployment patched for a fleet whose agents all connect from this
 //!    machine's address (`--max-connections-per-ip`) and with a memory limit for its size
-//!    (`--server-memory-limit`); put back at the end, also after a failure;
+//!    (`--server-memory-limit`); put back at the end, also after a failure, and so are
+//!    kpulse's APIServices;
 //! 3. `--rounds` rounds of two arms, in alternating order (off, on; on, off; …):
-//!    - **off**: the Deployment scaled to 0 and no agent streaming: kube-apiserver and etcd
-//!      with the fleet (kwok's Leases and status) and without kpulse;
-//!    - **on**: the replicas started again and the fleet's agents (`loadgen --fleet
+//!    - **off**: kpulse as if not installed: the Deployment scaled to 0, no agent
+//!      streaming, and its APIServices removed (registered without endpoints they would
+//!      make every controller's discovery fail and retry, a cost no cluster without kpulse
+//!      bears): kube-apiserver and etcd with the fleet (kwok's Leases and status) alone;
+//!    - **on**: the APIServices back, the replicas started again and the fleet's agents (`loadgen --fleet
 //!      --apiserver`: each node's stream to every replica with its token, reviewed by the
 //!      replicas' TokenReview, and its watch of its node's pods, as the agent's) until every
 //!      replica is ready — readyz: every node with a Ready agent Pod is served —, then
@@ -137,12 +140,15 @@ pub fn run(opts: &Options, dirs: &Dirs, kubectl: &Path, release: &versions::Rele
     }
 }
 
-/// The Deployment's fields the benchmark changes, as they were.
+/// The Deployment's fields the benchmark changes, as they were, and kpulse's APIServices.
 struct Saved {
     replicas: u64,
     args: Value,
     /// Null when it had none.
     memory_limit: Value,
+    /// Every APIService whose service is in kpulse's namespace, as `kubectl create` takes
+    /// it back.
+    apiservices: Vec<Value>,
 }
 
 impl Saved {
@@ -252,11 +258,48 @@ impl Bench<'_> {
             container["args"].is_array(),
             "the aggregator-api Deployment has no args"
         );
+        let apiservices = kpulse_apiservices(&self.ctx.json(&["get", "apiservices"])?);
+        ensure!(
+            !apiservices.is_empty(),
+            "no APIService of kpulse's (service in {NAMESPACE}): is kpulse installed?"
+        );
         Ok(Saved {
             replicas: d["spec"]["replicas"].as_u64().unwrap_or(1),
             args: container["args"].clone(),
             memory_limit: container["resources"]["limits"]["memory"].clone(),
+            apiservices,
         })
+    }
+
+    /// Removes kpulse's APIServices (the "off" arm).
+    fn remove_apiservices(&self, saved: &Saved) -> Result<()> {
+        for a in &saved.apiservices {
+            let name = a["metadata"]["name"].as_str().unwrap_or_default();
+            self.kubectl(&["delete", "apiservice", name, "--ignore-not-found"])?;
+        }
+        Ok(())
+    }
+
+    /// Creates those of kpulse's APIServices that are missing.
+    fn ensure_apiservices(&self, saved: &Saved) -> Result<()> {
+        for a in &saved.apiservices {
+            let name = a["metadata"]["name"].as_str().unwrap_or_default();
+            let found = self.kubectl(&[
+                "get",
+                "apiservice",
+                name,
+                "--ignore-not-found",
+                "-o",
+                "name",
+            ])?;
+            if found.trim().is_empty() {
+                let file = self.dir.join(format!("{name}.json"));
+                fs::write(&file, a.to_string())
+                    .with_context(|| format!("cannot write {}", file.display()))?;
+                self.kubectl(&["create", "-f", &file.display().to_string()])?;
+            }
+        }
+        Ok(())
     }
 
     /// Changes the Deployment for the fleet and waits for the rollout.
@@ -288,6 +331,7 @@ impl Bench<'_> {
     }
 
     fn restore(&self, saved: &Saved) -> Result<()> {
+        self.ensure_apiservices(saved)?;
         let memory = "/spec/template/spec/containers/0/resources/limits/memory";
         let ops = json!([
             {"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": saved.args},
@@ -426,7 +470,7 @@ impl Bench<'_> {
                     arms.push(arm);
                 } else {
                     println!("bench-fleet: round {}/{}: off", round + 1, opts.rounds);
-                    off.push(self.off_arm()?);
+                    off.push(self.off_arm(saved)?);
                 }
             }
         }
@@ -435,9 +479,10 @@ impl Bench<'_> {
         Ok(self.report(&off, &on, &arms, &reads))
     }
 
-    fn off_arm(&self) -> Result<Cost> {
+    fn off_arm(&self, saved: &Saved) -> Result<Cost> {
         self.scale(0)?;
         self.wait_replicas("gone", <[Replica]>::is_empty)?;
+        self.remove_apiservices(saved)?;
         self.stop
             .sleep(Duration::from_secs(self.opts.settle_secs))?;
         let a = self.sample()?;
@@ -453,6 +498,7 @@ impl Bench<'_> {
     fn start_on(&self, saved: &Saved) -> Result<(Proc, PathBuf, f64, Sample)> {
         self.scale(0)?;
         self.wait_replicas("gone", <[Replica]>::is_empty)?;
+        self.ensure_apiservices(saved)?;
         self.scale(saved.on_replicas())?;
         let replicas = self.wait_replicas("running with an address", |r| {
             r.len() as u64 == saved.on_replicas()
@@ -803,6 +849,28 @@ struct Replica {
     container: Option<String>,
 }
 
+/// The APIServices of `list` whose service is in kpulse's namespace, without what the
+/// server sets (status, uid, resourceVersion, timestamps, managed fields), so that `kubectl
+/// create` takes them back as they were applied.
+fn kpulse_apiservices(list: &Value) -> Vec<Value> {
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["spec"]["service"]["namespace"] == NAMESPACE)
+        .map(|a| {
+            let mut a = a.clone();
+            if let Some(o) = a.as_object_mut() {
+                o.remove("status");
+            }
+            if let Some(m) = a["metadata"].as_object_mut() {
+                m.retain(|k, _| matches!(k.as_str(), "name" | "labels" | "annotations"));
+            }
+            a
+        })
+        .collect()
+}
+
 fn tokenreviews(m: &Metrics) -> f64 {
     harness::sum(m, "apiserver_request_total", |l| {
         l.contains("resource=\"tokenreviews\"")
@@ -1009,6 +1077,29 @@ impl Reads {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_kpulses_apiservices_are_saved_without_what_the_server_set() {
+        let list = json!({"items": [
+            {"metadata": {"name": "v1beta1.metrics.k8s.io", "uid": "u", "resourceVersion": "7",
+                          "labels": {"app": "kpulse"}, "managedFields": []},
+             "spec": {"service": {"namespace": "kpulse-system", "name": "kpulse-aggregator-api"},
+                      "group": "metrics.k8s.io"},
+             "status": {"conditions": []}},
+            {"metadata": {"name": "v1.apps"}, "spec": {"service": null}},
+            {"metadata": {"name": "v1beta1.custom.metrics.k8s.io"},
+             "spec": {"service": {"namespace": "monitoring", "name": "prometheus-adapter"}}},
+        ]});
+        let saved = kpulse_apiservices(&list);
+        assert_eq!(
+            saved,
+            vec![json!({
+                "metadata": {"name": "v1beta1.metrics.k8s.io", "labels": {"app": "kpulse"}},
+                "spec": {"service": {"namespace": "kpulse-system", "name": "kpulse-aggregator-api"},
+                         "group": "metrics.k8s.io"},
+            })]
+        );
+    }
 
     #[test]
     fn a_read_counts_errors_and_reports_percentiles_of_the_rest() {

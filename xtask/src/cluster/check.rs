@@ -202,7 +202,12 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>, with_faults: bool)
         "an arm64 node (qemu, Debian's arm64 kernel) runs the agent and is served from it",
         super::arm64_node::check,
     );
-    let arm64 = std::iter::once(arm64).filter(|_| with_faults);
+    // After it: the fleet's nodes come and go too.
+    let fleet: (&str, Check) = (
+        "a kwok fleet of 40 nodes with silent agents is served from its kubelets",
+        super::fallback::fleet_from_kubelets,
+    );
+    let arm64 = [arm64, fleet].into_iter().filter(|_| with_faults);
     for (name, check) in std::iter::once(own_kubectl)
         .chain(last)
         .chain(failure_modes)

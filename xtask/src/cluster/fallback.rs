@@ -10,7 +10,13 @@
 //!   keeps reading metrics, and the largest jump in a pod's served CPU is stated;
 //! - [`agent_crashloop`]: the agent's process killed three times (the kubelet restarts it
 //!   with its back-off): the longest time the node's data was missing is measured and
-//!   bounded (20 s).
+//!   bounded (20 s);
+//! - [`fleet_from_kubelets`]: a kwok fleet (`cluster fleet`, 40 nodes × 3 pods) whose agent
+//!   pods run but stream nothing: every fleet node and pod served from its kubelet (kwok's
+//!   `/metrics/resource`, whose samples carry no timestamps and whose start times move with
+//!   every scrape), each container at the use kwok reports for it, every replica saying so
+//!   in `kpulse_aggregator_node_source`, and `kubectl top pod -n` listing a namespace's
+//!   pods; then the fleet removed.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -25,8 +31,9 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 
-use super::check::{
-    container_pid, in_fresh_namespace, namespace_gone, running_pods, server_metrics, Ctx,
+use super::{
+    check::{container_pid, in_fresh_namespace, namespace_gone, running_pods, server_metrics, Ctx},
+    fleet,
 };
 
 pub(super) const NS: &str = "kpulse-fallback";
@@ -741,6 +748,221 @@ pub(super) fn agent_crashloop(ctx: &Ctx<'_>) -> Result<String> {
     Ok(text)
 }
 
+/// The fleet [`fleet_from_kubelets`] makes: about a minute of CI, and enough nodes and pods
+/// that one served from the wrong place, or not at all, shows.
+fn check_fleet() -> fleet::Shape {
+    fleet::Shape {
+        nodes: 40,
+        pods: 3,
+        containers: 2,
+        namespaces: 4,
+        seed: 7,
+        timeout: Duration::from_secs(300),
+    }
+}
+
+pub(super) fn fleet_from_kubelets(ctx: &Ctx<'_>) -> Result<String> {
+    let shape = check_fleet();
+    let version = std::fs::read_to_string(ctx.dirs.state.join("release"))
+        .context("the running cluster's release")?;
+    let release = super::release(version.trim())?;
+    let rt = fleet::runtime()?;
+    let client = rt.block_on(fleet::client(&ctx.dirs.kubeconfig()))?;
+    let checked = fleet::make(&shape, None, ctx.dirs, &release, &rt, &client)
+        .and_then(|()| fleet_served(ctx, &shape));
+    let removed = rt
+        .block_on(fleet::remove(ctx.dirs, &client))
+        .context("removing the check's fleet");
+    match (checked, removed) {
+        (Ok(detail), Ok(())) => Ok(detail),
+        (Ok(_), Err(r)) => Err(r),
+        (Err(e), Ok(())) => Err(e),
+        (Err(e), Err(r)) => Err(e.context(format!("and then: {r:#}"))),
+    }
+}
+
+/// Per fleet pod (namespace, name): each container's CPU (cores) and memory (bytes) as kwok
+/// reports them, from the pods' annotations.
+fn fleet_pods_use(ctx: &Ctx<'_>) -> Result<BTreeMap<(String, String), (f64, f64)>> {
+    let (k, v) = fleet::POD_LABEL;
+    let pods = ctx.json(&["get", "pods", "-A", "-l", &format!("{k}={v}")])?;
+    let mut out = BTreeMap::new();
+    for p in pods["items"].as_array().into_iter().flatten() {
+        let m = &p["metadata"];
+        let annotation = |key: &str| -> Result<f64> {
+            quantity(m["annotations"][key].as_str().unwrap_or_default())
+                .with_context(|| format!("fleet pod {}: annotation {key}", m["name"]))
+        };
+        out.insert(
+            (
+                m["namespace"].as_str().unwrap_or_default().to_owned(),
+                m["name"].as_str().unwrap_or_default().to_owned(),
+            ),
+            (
+                annotation(fleet::USAGE_CPU)?,
+                annotation(fleet::USAGE_MEMORY)?,
+            ),
+        );
+    }
+    Ok(out)
+}
+
+/// How the served PodMetrics of the fleet compare with what kwok reports: pods served,
+/// pods missing, and the containers off (memory not exact, CPU off by more than 5 %), with
+/// the worst CPU ratio.
+#[derive(Debug, Default, PartialEq)]
+struct FleetPods {
+    served: usize,
+    missing: Vec<String>,
+    off: Vec<String>,
+    worst_cpu_ratio: f64,
+}
+
+fn compare_fleet_pods(
+    want: &BTreeMap<(String, String), (f64, f64)>,
+    containers: usize,
+    list: &serde_json::Value,
+) -> Result<FleetPods> {
+    let mut served = BTreeMap::new();
+    for item in list["items"].as_array().into_iter().flatten() {
+        let m = &item["metadata"];
+        let key = (
+            m["namespace"].as_str().unwrap_or_default().to_owned(),
+            m["name"].as_str().unwrap_or_default().to_owned(),
+        );
+        served.insert(key, item["containers"].clone());
+    }
+    let mut out = FleetPods {
+        worst_cpu_ratio: 1.0,
+        ..FleetPods::default()
+    };
+    for ((ns, name), (cpu, memory)) in want {
+        let Some(list) = served.get(&(ns.clone(), name.clone())) else {
+            out.missing.push(format!("{ns}/{name}"));
+            continue;
+        };
+        out.served += 1;
+        let list = list.as_array().map(Vec::as_slice).unwrap_or_default();
+        if list.len() != containers {
+            out.off.push(format!(
+                "{ns}/{name}: {} containers, not {containers}",
+                list.len()
+            ));
+            continue;
+        }
+        for c in list {
+            let got_cpu = quantity(c["usage"]["cpu"].as_str().unwrap_or_default())?;
+            let got_memory = quantity(c["usage"]["memory"].as_str().unwrap_or_default())?;
+            let ratio = got_cpu / cpu;
+            if (ratio - 1.0).abs() > (out.worst_cpu_ratio - 1.0).abs() {
+                out.worst_cpu_ratio = ratio;
+            }
+            if (ratio - 1.0).abs() > 0.05 || got_memory != *memory {
+                out.off.push(format!(
+                    "{ns}/{name} {}: {got_cpu:.4} cores and {got_memory} bytes served, kwok \
+                     reports {cpu:.4} and {memory}",
+                    c["name"]
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn fleet_served(ctx: &Ctx<'_>, shape: &fleet::Shape) -> Result<String> {
+    let t = Instant::now();
+    let want = fleet_pods_use(ctx)?;
+    ensure!(
+        want.len() == shape.nodes * shape.pods,
+        "{} fleet pods, not {}",
+        want.len(),
+        shape.nodes * shape.pods
+    );
+    let (k, v) = fleet::POD_LABEL;
+    let pods_path = format!("/apis/metrics.k8s.io/v1beta1/pods?labelSelector={k}%3D{v}");
+    let (k, v) = fleet::NODE_LABEL;
+    let nodes_path = format!("/apis/metrics.k8s.io/v1beta1/nodes?labelSelector={k}%3D{v}");
+    // The fallback scrapes a node that enters it within a second, then every 2 s until its
+    // pods have a rate: the fleet is served in seconds; 90 s is for a loaded machine.
+    let within = Duration::from_secs(90);
+    let (pods, nodes) = loop {
+        let raw = |path: &str| -> Result<serde_json::Value> {
+            let out = crate::exec::output(ctx.kubectl().args(["get", "--raw", path]))?;
+            serde_json::from_str(&out).with_context(|| format!("{path}: not JSON"))
+        };
+        let pods = compare_fleet_pods(&want, shape.containers, &raw(&pods_path)?)?;
+        let nodes = raw(&nodes_path)?["items"].as_array().map_or(0, Vec::len);
+        if pods.missing.is_empty() && nodes == shape.nodes {
+            break (pods, nodes);
+        }
+        ensure!(
+            t.elapsed() < within,
+            "after {within:?}: {nodes} of {} fleet nodes served, {} of {} pods (missing: {})",
+            shape.nodes,
+            pods.served,
+            want.len(),
+            pods.missing
+                .iter()
+                .take(5)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        thread::sleep(Duration::from_secs(1));
+    };
+    let served_in = t.elapsed();
+    ensure!(
+        pods.off.is_empty(),
+        "{} fleet containers not as kwok reports them: {}",
+        pods.off.len(),
+        pods.off
+            .iter()
+            .take(5)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    // Every replica names the kubelet as each fleet node's source.
+    let prefix = format!(
+        "kpulse_aggregator_node_source{{node=\"{}",
+        fleet::NODE_PREFIX
+    );
+    for (i, text) in server_metrics(ctx)?.iter().enumerate() {
+        let from_kubelet = text
+            .lines()
+            .filter(|l| l.starts_with(&prefix) && l.contains("source=\"kubelet\""))
+            .count();
+        ensure!(
+            from_kubelet == shape.nodes,
+            "replica {i}: {from_kubelet} of {} fleet nodes from their kubelet",
+            shape.nodes
+        );
+    }
+    // What a user runs: every pod of the first namespace, with figures.
+    let ns = fleet::Shape::first_namespace();
+    let in_ns = want.keys().filter(|(n, _)| *n == ns).count();
+    let top = crate::exec::output(
+        ctx.kubectl()
+            .args(["top", "pod", "-n", &ns, "--no-headers"]),
+    )?;
+    let rows = top
+        .lines()
+        .filter(|l| l.starts_with(fleet::POD_PREFIX))
+        .count();
+    ensure!(
+        rows == in_ns,
+        "kubectl top pod -n {ns}: {rows} rows, not {in_ns}:\n{top}"
+    );
+    Ok(format!(
+        "{nodes} fleet nodes and {} pods served from their kubelet {:.0} s after the fleet was \
+         ready; every container at kwok's figures (worst CPU ratio {:.3}, memory exact); \
+         kubectl top pod -n {ns}: {rows} rows",
+        pods.served,
+        served_in.as_secs_f64(),
+        pods.worst_cpu_ratio
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -761,5 +983,42 @@ mod tests {
         assert_eq!(cpu_at(&s, 10.0), Some(100.0));
         assert_eq!(cpu_at(&s, 5.0), None);
         assert_eq!(cpu_at(&s, 25.0), None);
+    }
+
+    #[test]
+    fn fleet_pods_compare_with_kwoks_figures() {
+        let mut want = BTreeMap::new();
+        want.insert(
+            ("fleet-000".into(), "p-00000-000".into()),
+            (0.1, 64.0 * 1024.0 * 1024.0),
+        );
+        want.insert(
+            ("fleet-001".into(), "p-00001-000".into()),
+            (0.2, 32.0 * 1024.0 * 1024.0),
+        );
+        want.insert(
+            ("fleet-002".into(), "p-00002-000".into()),
+            (0.3, 16.0 * 1024.0 * 1024.0),
+        );
+        let list = serde_json::json!({"items": [
+            {"metadata": {"namespace": "fleet-000", "name": "p-00000-000"},
+             "containers": [{"name": "c0", "usage": {"cpu": "103000000n", "memory": "65536Ki"}}]},
+            {"metadata": {"namespace": "fleet-001", "name": "p-00001-000"},
+             "containers": [{"name": "c0", "usage": {"cpu": "250m", "memory": "32Mi"}}]},
+            {"metadata": {"namespace": "other", "name": "p-00002-000"},
+             "containers": [{"name": "c0", "usage": {"cpu": "300m", "memory": "16Mi"}}]},
+        ]});
+        let got = compare_fleet_pods(&want, 1, &list).expect("quantities parse");
+        assert_eq!(got.served, 2);
+        assert_eq!(got.missing, vec!["fleet-002/p-00002-000".to_owned()]);
+        assert_eq!(got.off.len(), 1, "{:?}", got.off);
+        assert!(got.off[0].starts_with("fleet-001/p-00001-000"));
+        assert!((got.worst_cpu_ratio - 1.25).abs() < 1e-9);
+        // A pod with fewer containers than the fleet's is off, not served as complete.
+        let got = compare_fleet_pods(&want, 2, &list).expect("quantities parse");
+        assert_eq!(got.off.len(), 2);
+        // Nothing served: every pod missing, none passes.
+        let got = compare_fleet_pods(&want, 1, &serde_json::json!({"items": []})).expect("empty");
+        assert_eq!((got.served, got.missing.len()), (0, 3));
     }
 }

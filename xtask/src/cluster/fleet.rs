@@ -60,9 +60,12 @@ pub const KWOK_PORT: u16 = 10247;
 /// At most this many fleet nodes (the /24s of [`host::FLEET_POD_RANGE`]).
 pub const MAX_NODES: usize = 16_384;
 /// The label every fleet node has, and that kwok selects its nodes by (server side).
-const NODE_LABEL: (&str, &str) = ("type", "kwok");
-/// The label of every fleet pod.
-const POD_LABEL: (&str, &str) = ("kpulse.local/fleet", "true");
+pub(super) const NODE_LABEL: (&str, &str) = ("type", "kwok");
+/// The use kwok reports for each container of a fleet pod (its usage-from-annotation).
+pub(super) const USAGE_CPU: &str = "kwok.x-k8s.io/usage-cpu";
+pub(super) const USAGE_MEMORY: &str = "kwok.x-k8s.io/usage-memory";
+/// The label of every fleet pod and namespace.
+pub(super) const POD_LABEL: (&str, &str) = ("kpulse.local/fleet", "true");
 pub(super) const NODE_PREFIX: &str = "fleet-node-";
 pub(super) const NAMESPACE_PREFIX: &str = "fleet-";
 /// Every fleet pod's name starts so (`p-NNNNN-KKK`).
@@ -623,8 +626,8 @@ fn pod(i: usize, k: usize, ns: &str, containers: usize, rng: &mut fastrand::Rng)
             "labels": {(POD_LABEL.0): POD_LABEL.1, "app": format!("app-{}", k % 4)},
             "annotations": {
                 // Per container (kwok's usage-from-annotation).
-                "kwok.x-k8s.io/usage-cpu": format!("{cpu_m}m"),
-                "kwok.x-k8s.io/usage-memory": format!("{mem_mi}Mi"),
+                (USAGE_CPU): format!("{cpu_m}m"),
+                (USAGE_MEMORY): format!("{mem_mi}Mi"),
             },
         },
         "spec": {
@@ -804,7 +807,7 @@ async fn wait_fleet(client: &kube::Client, opts: &Shape, started: Instant) -> Re
 /// them), its namespaces, its nodes (one request) and their Leases; waits until they and the
 /// agent's pods on fleet nodes (the pod garbage collector's) are gone; then stops kwok,
 /// removes the route and puts kube-controller-manager's grace period back.
-async fn remove(dirs: &Dirs, client: &kube::Client) -> Result<()> {
+pub(super) async fn remove(dirs: &Dirs, client: &kube::Client) -> Result<()> {
     let t = Instant::now();
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());

@@ -283,7 +283,8 @@ pub fn node_components(release: &Release) -> Vec<Component> {
     ]
 }
 
-/// kwok (`cluster fleet`): built only when a fleet is made, not by `up`. Its releases set
+/// kwok (`cluster fleet`, and the cluster checks' small fleet): built with the cluster's
+/// components, run only when a fleet is made. Its releases set
 /// nothing through ldflags that the tag does not already say (`consts.Version`).
 pub fn kwok() -> Component {
     Component::plain(

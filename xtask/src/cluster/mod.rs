@@ -260,6 +260,9 @@ fn build_components(
     for c in &others {
         gobuild::build(c, &dirs.build)?;
     }
+    // Not run by `up`, but by the cluster checks' fleet: built here, with the rest (in CI
+    // in the background), not in the middle of the checks.
+    gobuild::build(&gobuild::kwok(), &dirs.build)?;
     Ok((kube, others))
 }
 

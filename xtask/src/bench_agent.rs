@@ -42,6 +42,7 @@ use anyhow::{bail, ensure, Context, Result};
 use crate::{
     demo::{parse_duration, Cgroups, Hierarchies, Processes},
     harness::{self, Proc, Stop},
+    stats::{mean, median},
 };
 
 /// Parent of the measured pods' cgroups, in every hierarchy.
@@ -604,22 +605,6 @@ impl Lister {
     }
 }
 
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len().max(1) as f64
-}
-
-/// The middle value (the mean of the two middle ones for an even count): a phase that a
-/// noisy neighbour of this VM slowed does not move it.
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 fn report(
     opts: &Options,
     hierarchies: &Hierarchies,
@@ -677,13 +662,6 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_median_ignores_one_slow_phase() {
-        assert_eq!(median(&[2.05, 3.89, 2.00]), 2.05);
-        assert_eq!(median(&[2.0, 4.0, 1.0, 3.0]), 2.5);
-        assert_eq!(median(&[]), 0.0);
-    }
 
     #[test]
     fn pods_look_like_kubelets() {

@@ -31,6 +31,8 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 
+use crate::stats;
+
 use super::{
     check::{container_pid, in_fresh_namespace, namespace_gone, running_pods, server_metrics, Ctx},
     fleet,
@@ -162,11 +164,6 @@ fn cpu_at(samples: &[(f64, f64, f64)], t: f64) -> Option<f64> {
     Some(a.1 + (b.1 - a.1) * (t - a.0) / (b.0 - a.0))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// NodeMetrics CPU and memory against the kubelet's `/metrics/resource`, with the agent
 /// serving the node.
 pub(super) fn node_figures(ctx: &Ctx<'_>) -> Result<String> {
@@ -242,7 +239,7 @@ pub(super) fn node_figures_of(ctx: &Ctx<'_>, node: &str, duration: Duration) -> 
         "only {} served windows lay within the kubelet's samples",
         cpu_diffs.len()
     );
-    let (cpu, mem) = (median(cpu_diffs.clone()), median(mem_diffs.clone()));
+    let (cpu, mem) = (stats::median(&cpu_diffs), stats::median(&mem_diffs));
     let spread = |v: &[f64]| {
         let (lo, hi) = v
             .iter()

@@ -51,7 +51,7 @@ use super::{
     api::{self, Api, Source},
     percentile, Bench, NAMESPACE,
 };
-use crate::cluster::images;
+use crate::{cluster::images, stats::mean};
 
 const NAME: &str = "shared";
 /// The pods' CPU request and limit, millicores.
@@ -581,14 +581,6 @@ fn keep_raw(bench: &Bench, phases: &[Phase]) -> Result<()> {
     }
     f.flush()?;
     Ok(())
-}
-
-fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v.iter().sum::<f64>() / v.len() as f64
-    }
 }
 
 /// The largest of `v`; NaN when empty.

@@ -753,13 +753,20 @@ fn served_version(ctx: &Ctx<'_>) -> &'static str {
 /// replica's network namespace, over HTTPS, as the cluster's admin (a client certificate
 /// the replica's client CA trusts).
 pub(super) fn server_metrics(ctx: &Ctx<'_>) -> Result<Vec<String>> {
-    let admin = |path: &str| -> Result<Vec<u8>> {
+    from_each_replica(ctx, "/metrics")
+}
+
+/// What each running aggregator-api replica answers to GET `path` (as [`server_metrics`]
+/// reads it: as the cluster's admin, from inside the replica's network namespace), so that
+/// a check can see every replica and not the one kube-apiserver's proxy picks.
+pub(super) fn from_each_replica(ctx: &Ctx<'_>, path: &str) -> Result<Vec<String>> {
+    let admin = |field: &str| -> Result<Vec<u8>> {
         let b64 = crate::exec::output(ctx.kubectl().args([
             "config",
             "view",
             "--raw",
             "-o",
-            &format!("jsonpath={{.users[0].user.{path}}}"),
+            &format!("jsonpath={{.users[0].user.{field}}}"),
         ]))?;
         use base64::Engine as _;
         base64::engine::general_purpose::STANDARD
@@ -803,7 +810,7 @@ pub(super) fn server_metrics(ctx: &Ctx<'_>) -> Result<Vec<String>> {
                 .args([
                     "--resolve",
                     &format!("{host}:10250:127.0.0.1"),
-                    &format!("https://{host}:10250/metrics"),
+                    &format!("https://{host}:10250{path}"),
                 ]),
         )?);
     }

@@ -14,9 +14,10 @@
 //! - [`fleet_from_kubelets`]: a kwok fleet (`cluster fleet`, 40 nodes × 3 pods) whose agent
 //!   pods run but stream nothing: every fleet node and pod served from its kubelet (kwok's
 //!   `/metrics/resource`, whose samples carry no timestamps and whose start times move with
-//!   every scrape), each container at the use kwok reports for it, every replica saying so
-//!   in `kpulse_aggregator_node_source`, and `kubectl top pod -n` listing a namespace's
-//!   pods; then the fleet removed.
+//!   every scrape) by every replica (each read directly: they scrape on their own), each
+//!   container at the use kwok reports for it, every replica naming the kubelet in
+//!   `kpulse_aggregator_node_source`, and `kubectl top pod -n` listing a namespace's pods;
+//!   then the fleet removed.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -34,7 +35,10 @@ use anyhow::{bail, ensure, Context, Result};
 use crate::stats;
 
 use super::{
-    check::{container_pid, in_fresh_namespace, namespace_gone, running_pods, server_metrics, Ctx},
+    check::{
+        container_pid, from_each_replica, in_fresh_namespace, namespace_gone, running_pods,
+        server_metrics, Ctx,
+    },
     fleet,
 };
 
@@ -879,22 +883,37 @@ fn fleet_served(ctx: &Ctx<'_>, shape: &fleet::Shape) -> Result<String> {
     let pods_path = format!("/apis/metrics.k8s.io/v1beta1/pods?labelSelector={k}%3D{v}");
     let (k, v) = fleet::NODE_LABEL;
     let nodes_path = format!("/apis/metrics.k8s.io/v1beta1/nodes?labelSelector={k}%3D{v}");
-    // The fallback scrapes a node that enters it within a second, then every 2 s until its
-    // pods have a rate: the fleet is served in seconds; 90 s is for a loaded machine.
+    let json = |text: &str, what: &str| -> Result<serde_json::Value> {
+        serde_json::from_str(text).with_context(|| format!("{what}: not JSON"))
+    };
+    // Every replica scrapes the kubelets on its own, as metrics-server's replicas do: each
+    // is read directly (kube-apiserver's proxy picks one per request) until all of them
+    // serve the whole fleet. The fallback scrapes a node within a second of its entry, then
+    // every few seconds until its pods have a rate: seconds; 90 s is for a loaded machine.
     let within = Duration::from_secs(90);
-    let (pods, nodes) = loop {
-        let raw = |path: &str| -> Result<serde_json::Value> {
-            let out = crate::exec::output(ctx.kubectl().args(["get", "--raw", path]))?;
-            serde_json::from_str(&out).with_context(|| format!("{path}: not JSON"))
-        };
-        let pods = compare_fleet_pods(&want, shape.containers, &raw(&pods_path)?)?;
-        let nodes = raw(&nodes_path)?["items"].as_array().map_or(0, Vec::len);
-        if pods.missing.is_empty() && nodes == shape.nodes {
-            break (pods, nodes);
+    let replicas = loop {
+        let pods = from_each_replica(ctx, &pods_path)?;
+        let nodes = from_each_replica(ctx, &nodes_path)?;
+        ensure!(!pods.is_empty(), "no aggregator-api replica answered");
+        let mut replicas = Vec::new();
+        for (pods, nodes) in pods.iter().zip(&nodes) {
+            let pods = compare_fleet_pods(&want, shape.containers, &json(pods, &pods_path)?)?;
+            let nodes = json(nodes, &nodes_path)?["items"]
+                .as_array()
+                .map_or(0, Vec::len);
+            replicas.push((pods, nodes));
         }
+        let short = replicas
+            .iter()
+            .find(|(pods, nodes)| !pods.missing.is_empty() || *nodes != shape.nodes);
+        let Some((pods, nodes)) = short else {
+            break replicas;
+        };
         ensure!(
             t.elapsed() < within,
-            "after {within:?}: {nodes} of {} fleet nodes served, {} of {} pods (missing: {})",
+            "after {within:?}, a replica of {}: {nodes} of {} fleet nodes served, {} of {} \
+             pods (missing: {})",
+            replicas.len(),
             shape.nodes,
             pods.served,
             want.len(),
@@ -908,17 +927,28 @@ fn fleet_served(ctx: &Ctx<'_>, shape: &fleet::Shape) -> Result<String> {
         thread::sleep(Duration::from_secs(1));
     };
     let served_in = t.elapsed();
+    let off: Vec<&String> = replicas.iter().flat_map(|(p, _)| &p.off).collect();
     ensure!(
-        pods.off.is_empty(),
-        "{} fleet containers not as kwok reports them: {}",
-        pods.off.len(),
-        pods.off
-            .iter()
+        off.is_empty(),
+        "{} fleet containers (over {} replicas) not as kwok reports them: {}",
+        off.len(),
+        replicas.len(),
+        off.iter()
             .take(5)
-            .cloned()
+            .map(|o| o.as_str())
             .collect::<Vec<_>>()
             .join("; ")
     );
+    let worst_cpu_ratio = replicas
+        .iter()
+        .map(|(p, _)| p.worst_cpu_ratio)
+        .fold(1.0, |w: f64, r| {
+            if (r - 1.0).abs() > (w - 1.0).abs() {
+                r
+            } else {
+                w
+            }
+        });
     // Every replica names the kubelet as each fleet node's source.
     let prefix = format!(
         "kpulse_aggregator_node_source{{node=\"{}",
@@ -951,12 +981,14 @@ fn fleet_served(ctx: &Ctx<'_>, shape: &fleet::Shape) -> Result<String> {
         "kubectl top pod -n {ns}: {rows} rows, not {in_ns}:\n{top}"
     );
     Ok(format!(
-        "{nodes} fleet nodes and {} pods served from their kubelet {:.0} s after the fleet was \
-         ready; every container at kwok's figures (worst CPU ratio {:.3}, memory exact); \
-         kubectl top pod -n {ns}: {rows} rows",
-        pods.served,
+        "{} fleet nodes and {} pods served from their kubelet by each of {} replicas {:.0} s \
+         after the fleet was ready; every container at kwok's figures (worst CPU ratio {:.3}, \
+         memory exact); kubectl top pod -n {ns}: {rows} rows",
+        shape.nodes,
+        want.len(),
+        replicas.len(),
         served_in.as_secs_f64(),
-        pods.worst_cpu_ratio
+        worst_cpu_ratio
     ))
 }
 

@@ -99,6 +99,12 @@ struct Args {
     /// Replica `host:port` (repeat for several).
     #[arg(long)]
     server: Vec<String>,
+    /// Agents: each node streams to one `--server`, node i to the (i mod n)th, instead of to
+    /// every one: one replica reached at several of its addresses (127.0.0.1, 127.0.0.2, …
+    /// of loopback), so that more streams reach it than one destination address has
+    /// ephemeral ports for (about 28,000).
+    #[arg(long, conflicts_with = "read_api")]
+    spread: bool,
     /// Nodes simulated.
     #[arg(long, default_value_t = 100)]
     nodes: usize,
@@ -581,6 +587,11 @@ async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()>
         // name); what is measured is the ingest, not server authentication.
         let tls = ship::tls::client_config_from(ship::tls::Trust::AnyServer, cert)
             .context("client TLS")?;
+        let replicas = if args.spread {
+            vec![replicas[i % replicas.len()].clone()]
+        } else {
+            replicas.clone()
+        };
         let mut config = ShipConfig::new(Replicas::Static(replicas.clone()), tls);
         config.credentials = credentials;
         config.server_name = Some("localhost".to_owned());
@@ -589,7 +600,7 @@ async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()>
         config.metrics = metrics.clone();
         all_metrics.push(metrics.clone());
         let start_after = ramp.mul_f64(i as f64 / node_count.max(1) as f64);
-        let (mut stop, replicas, total) = (stop.clone(), replicas.clone(), produced_total.clone());
+        let (mut stop, total) = (stop.clone(), produced_total.clone());
         let watches = watches.clone();
         tasks.spawn(async move {
             let mut counts = NodeCounts::default();
@@ -666,7 +677,12 @@ async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()>
     eprintln!("loadgen: stopping: draining the queues and ending the streams");
     let mut total = NodeCounts::default();
     let (mut nodes_unsent, mut drain_timeouts, mut first_unsent) = (0u64, 0u64, Vec::new());
-    let expected_per_tick = replicas.len() as u64;
+    // Each tick goes to every replica, or with --spread to one.
+    let expected_per_tick = if args.spread {
+        1
+    } else {
+        replicas.len() as u64
+    };
     while let Some(done) = tasks.join_next().await {
         let c = done.context("a node task failed")?;
         let unsent = (c.produced * expected_per_tick).saturating_sub(c.sent + c.dropped);
@@ -690,6 +706,7 @@ async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()>
         "nodes": node_count,
         "pods": pod_count,
         "replicas": replicas.len(),
+        "spread": args.spread,
         "produced": total.produced,
         "sent": total.sent,
         "dropped": total.dropped,

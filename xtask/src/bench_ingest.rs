@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::harness::{
     self, cpu_seconds, delta, ms, quantile, rss_mib, value, Agents, Pki, Server, ServerAuth, Stop,
@@ -41,6 +41,16 @@ pub struct Options {
     /// Seconds measured.
     #[arg(long, default_value_t = 60)]
     measure_secs: u64,
+    /// Each simulated agent's interval between batches, in milliseconds (the agent's is
+    /// 1,000): a longer one gives many streams at a reduced rate on this small machine.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..))]
+    resolution_ms: u64,
+    /// Loopback addresses the server's agent port is reached at (127.0.0.1 …): each node
+    /// streams to one of them, so more than about 28,000 streams (the ephemeral ports per
+    /// destination address) reach the one server. With more than one the port listens on
+    /// every address.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..))]
+    addresses: u8,
     /// Measure twice in one run, with a fresh server each time: the agents as by default,
     /// then sending pressure and throttling too (`kpulse-agent run --custom-metrics`, every
     /// figure for every pod and container); the table has one column for each.
@@ -98,22 +108,24 @@ fn measure(
     let pki = Pki::create(&bins.loadgen, &dir.join("ca"))?;
     // A Kubernetes API that is not there: the benchmark needs no TokenReview (agents use
     // client certificates) and reads /metrics anonymously (an always-allowed path).
-    let server = Server::new(
+    let mut server = Server::new(
         dir,
         &pki.ca,
         ServerAuth::AnonymousMetrics {
             kubeconfig: dir.join("kubeconfig"),
         },
     )?;
+    let servers = server.ingest_addresses(opts.addresses);
     let mut server_proc = server.start(&bins.server, &dir.join("server.log"))?;
     server.wait_answering(&mut server_proc, Duration::from_secs(20), stop)?;
-    let servers = [server.ingest()];
     let mut loadgen = Agents {
         nodes: opts.nodes,
         pods: opts.pods,
         containers: opts.containers,
         ramp_secs: opts.ramp_secs,
         servers: &servers,
+        spread: servers.len() > 1,
+        resolution_ms: opts.resolution_ms,
         // The server's CPU is what is measured: it gets the CPU first.
         nice: true,
         log_filter: None,
@@ -145,6 +157,8 @@ fn measure(
         t0.elapsed(),
     );
     let (rss, hwm) = rss_mib(server_proc.pid())?;
+    let fds = open_files(server_proc.pid())?;
+    let tcp_pages = tcp_memory_pages()?;
     let secs = elapsed.as_secs_f64();
     let visible = "kpulse_aggregator_ingest_to_visible_seconds";
     let messages = delta(&m0, &m1, &format!("{visible}_count"));
@@ -164,10 +178,17 @@ fn measure(
     row(
         "load",
         format!(
-            "{} nodes × {} pods × {} containers at 1 Hz ({} streams open, {} nodes and {} containers stored){}",
+            "{} nodes × {} pods × {} containers, a batch every {} ms{} ({} streams open, {} nodes \
+             and {} containers stored){}",
             opts.nodes,
             opts.pods,
             opts.containers,
+            opts.resolution_ms,
+            if opts.addresses > 1 {
+                format!(", to {} loopback addresses", opts.addresses)
+            } else {
+                String::new()
+            },
             streams,
             stored_nodes,
             containers,
@@ -191,7 +212,22 @@ fn measure(
     );
     row(
         "batches made visible",
-        format!("{:.0}/s (expected {}/s)", messages / secs, opts.nodes),
+        format!(
+            "{:.0}/s (expected {:.0}/s)",
+            messages / secs,
+            opts.nodes as f64 * 1000.0 / opts.resolution_ms as f64
+        ),
+    );
+    row(
+        "server file descriptors",
+        format!("{fds} ({:.2} per stream)", fds as f64 / streams.max(1.0)),
+    );
+    row(
+        "kernel TCP memory, the whole host (both ends of every stream)",
+        format!(
+            "{tcp_pages} pages of 4 KiB ({:.2} KiB per stream)",
+            tcp_pages as f64 * 4.0 / streams.max(1.0)
+        ),
     );
     row(
         "ingest→visible in the server (last byte received → store)",
@@ -215,4 +251,43 @@ fn measure(
     drop(loadgen);
     drop(server_proc);
     Ok(rows)
+}
+
+/// Open file descriptors of process `pid`.
+fn open_files(pid: u32) -> Result<usize> {
+    let dir = format!("/proc/{pid}/fd");
+    Ok(std::fs::read_dir(&dir)
+        .with_context(|| format!("cannot list {dir}"))?
+        .count())
+}
+
+/// The kernel's TCP memory (pages, `mem` of `TCP:` in /proc/net/sockstat): every socket of
+/// the host, so both ends of a loopback stream.
+fn tcp_memory_pages() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/net/sockstat").context("/proc/net/sockstat")?;
+    sockstat_tcp_mem(&text).context("/proc/net/sockstat: no `TCP: … mem N`")
+}
+
+fn sockstat_tcp_mem(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("TCP:"))?;
+    let mut fields = line.split_whitespace();
+    while let Some(f) = fields.next() {
+        if f == "mem" {
+            return fields.next()?.parse().ok();
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_memory_is_read_from_sockstat() {
+        let text =
+            "sockets: used 170\nTCP: inuse 7 orphan 0 tw 2 alloc 9 mem 3\nUDP: inuse 1 mem 0\n";
+        assert_eq!(sockstat_tcp_mem(text), Some(3));
+        assert_eq!(sockstat_tcp_mem("UDP: inuse 1 mem 0\n"), None);
+    }
 }

@@ -379,6 +379,22 @@ impl Server {
         format!("127.0.0.1:{}", self.ingest_port)
     }
 
+    /// The ingest port at `n` loopback addresses (127.0.0.1 … 127.0.0.n): with more than
+    /// one, the agents' port listens on every address (`--ingest-bind-address 0.0.0.0`),
+    /// for one server to take more streams than one destination address has ephemeral
+    /// ports for (about 28,000 on Linux's default range). Nothing but loopback connects:
+    /// the agents are this machine's load generator, and the port asks for their client
+    /// certificates.
+    pub fn ingest_addresses(&mut self, n: u8) -> Vec<String> {
+        if n > 1 && !self.args.iter().any(|a| a == "--ingest-bind-address") {
+            self.args
+                .extend(["--ingest-bind-address".to_owned(), "0.0.0.0".to_owned()]);
+        }
+        (1..=n.max(1))
+            .map(|i| format!("127.0.0.{i}:{}", self.ingest_port))
+            .collect()
+    }
+
     /// `127.0.0.1:<API port>`.
     pub fn api(&self) -> String {
         format!("127.0.0.1:{}", self.api_port)
@@ -461,6 +477,8 @@ impl Fleet {
             containers: self.containers,
             ramp_secs: self.ramp_secs,
             servers,
+            spread: false,
+            resolution_ms: 1000,
             nice,
             log_filter: None,
             custom_metrics: false,
@@ -478,8 +496,12 @@ pub struct Agents<'a> {
     pub containers: usize,
     /// Seconds over which they connect.
     pub ramp_secs: u64,
-    /// Where they stream.
+    /// Where they stream: every node to every one, or with `spread` node i to the
+    /// (i mod n)th (one server at several addresses, [`Server::ingest_addresses`]).
     pub servers: &'a [String],
+    pub spread: bool,
+    /// Each node's tick interval (1,000: the agent's default of one batch a second).
+    pub resolution_ms: u64,
     /// At the lowest priority (`nice 19`), so that the server gets the CPU it asks for, as
     /// on its own node; or at the normal one, so that they keep their 1 Hz on a busy host.
     pub nice: bool,
@@ -512,6 +534,10 @@ impl Agents<'_> {
         }
         args.extend(self.shape());
         args.extend(["--ramp-secs".to_owned(), self.ramp_secs.to_string()]);
+        args.extend(["--resolution-ms".to_owned(), self.resolution_ms.to_string()]);
+        if self.spread {
+            args.push("--spread".to_owned());
+        }
         if self.custom_metrics {
             args.push("--custom-metrics".to_owned());
         }

@@ -306,6 +306,8 @@ fn measure(
         containers: opts.containers,
         ramp_secs: opts.ramp_secs,
         servers: &servers,
+        spread: false,
+        resolution_ms: 1000,
         nice: false,
         log_filter: None,
         custom_metrics: false,

@@ -159,6 +159,7 @@ fn measure(
     let (rss, hwm) = rss_mib(server_proc.pid())?;
     let fds = open_files(server_proc.pid())?;
     let tcp_pages = tcp_memory_pages()?;
+    let page_kib = page_size()? as f64 / 1024.0;
     let secs = elapsed.as_secs_f64();
     let visible = "kpulse_aggregator_ingest_to_visible_seconds";
     let messages = delta(&m0, &m1, &format!("{visible}_count"));
@@ -219,14 +220,18 @@ fn measure(
         ),
     );
     row(
+        "server CPU per batch made visible",
+        format!("{:.0} µs", (cpu1 - cpu0) / messages.max(1.0) * 1e6),
+    );
+    row(
         "server file descriptors",
         format!("{fds} ({:.2} per stream)", fds as f64 / streams.max(1.0)),
     );
     row(
         "kernel TCP memory, the whole host (both ends of every stream)",
         format!(
-            "{tcp_pages} pages of 4 KiB ({:.2} KiB per stream)",
-            tcp_pages as f64 * 4.0 / streams.max(1.0)
+            "{tcp_pages} pages ({:.2} KiB per stream)",
+            tcp_pages as f64 * page_kib / streams.max(1.0)
         ),
     );
     row(
@@ -259,6 +264,14 @@ fn open_files(pid: u32) -> Result<usize> {
     Ok(std::fs::read_dir(&dir)
         .with_context(|| format!("cannot list {dir}"))?
         .count())
+}
+
+/// The kernel's page size in bytes (`getconf PAGESIZE`): sockstat counts in pages.
+fn page_size() -> Result<u64> {
+    let out = crate::exec::output(std::process::Command::new("getconf").arg("PAGESIZE"))?;
+    out.trim()
+        .parse()
+        .with_context(|| format!("getconf PAGESIZE printed {out:?}"))
 }
 
 /// The kernel's TCP memory (pages, `mem` of `TCP:` in /proc/net/sockstat): every socket of

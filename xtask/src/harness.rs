@@ -380,11 +380,12 @@ impl Server {
     }
 
     /// The ingest port at `n` loopback addresses (127.0.0.1 … 127.0.0.n): with more than
-    /// one, the agents' port listens on every address (`--ingest-bind-address 0.0.0.0`),
-    /// for one server to take more streams than one destination address has ephemeral
-    /// ports for (about 28,000 on Linux's default range). Nothing but loopback connects:
-    /// the agents are this machine's load generator, and the port asks for their client
-    /// certificates.
+    /// one, the agents' port listens on every address of the host (`--ingest-bind-address
+    /// 0.0.0.0`; the port was found free on 127.0.0.1 only), for one server to take more
+    /// streams than one destination address has ephemeral ports for (about 28,000 on
+    /// Linux's default range). So other hosts could reach it while it runs; it asks every
+    /// client for a certificate of the load generator's own CA, and only this machine's
+    /// load generator has one.
     pub fn ingest_addresses(&mut self, n: u8) -> Vec<String> {
         if n > 1 && !self.args.iter().any(|a| a == "--ingest-bind-address") {
             self.args

@@ -216,7 +216,7 @@ impl Fallback {
             first_point_max_age: Duration::ZERO,
             window: Duration::ZERO,
             window_mode: WindowMode::Fixed,
-            // metrics-server's: a start time after the last point is a restart.
+            // metrics-server's: a start time not before the last point is a restart.
             restarts: RestartRule::StartedAfterLastPoint,
         })?;
         Ok(Arc::new(Fallback {
@@ -580,9 +580,9 @@ impl Scrape {
                         name,
                         timestamp: r.timestamp,
                         cgroup_id: None,
-                        // The kubelet's start time: one after the last point is a restart
-                        // (the store then never subtracts the old instance's counter from
-                        // the new one's).
+                        // The kubelet's start time: one not before the last point is a
+                        // restart (the store then never subtracts the old instance's counter
+                        // from the new one's).
                         started_at: r.started_at,
                         cpu: r.cpu,
                         memory_working_set: r.memory_working_set,

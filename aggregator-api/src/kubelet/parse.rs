@@ -14,8 +14,8 @@
 //! not parse is refused whole (the node is skipped for that scrape); a container that
 //! lacks either figure or has one that is not a finite, non-negative number is left out,
 //! and so is its pod (the store serves a pod only with all of its containers). A
-//! container's `container_start_time_seconds` is kept as its instance's start (one after
-//! the last point is a restart, as in metrics-server). Comment lines, other metrics
+//! container's `container_start_time_seconds` is kept as its instance's start (one not
+//! before the last point is a restart, as in metrics-server). Comment lines, other metrics
 //! (`pod_*`, `scrape_error`, swap) and labels other than these three are ignored. Windows
 //! nodes and sandboxed (VM) pods answer in the same format: the kubelet fills it from the
 //! CRI runtime's stats instead of cgroups.

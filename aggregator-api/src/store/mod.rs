@@ -234,7 +234,7 @@ pub enum RestartRule {
     /// constant for one instance.
     #[default]
     Changed,
-    /// When it is after the last point's timestamp, as metrics-server decides it: the
+    /// When it is not before the last point's timestamp, as metrics-server decides it: the
     /// kubelet's start times are the runtime's, and endpoints that stand in for the kubelet
     /// may report ones that move between scrapes (kwok's is the pod's age, in seconds since
     /// the epoch), which would otherwise make every point a restart and no rate ever served.
@@ -1110,7 +1110,7 @@ mod tests {
 
     /// The kubelet fallback's rule (metrics-server's): a start time that moves but stays
     /// before the last point is the same instance (kwok reports the pod's age as its start
-    /// time, so it moves with every scrape); one after the last point is a restart.
+    /// time, so it moves with every scrape); one not before the last point is a restart.
     #[test]
     fn restart_after_the_last_point_under_the_kubelets_rule() {
         let config = |restarts| StoreConfig {
@@ -1144,9 +1144,9 @@ mod tests {
         );
         assert_eq!(sum.restarts, 1);
         assert_eq!(get(&kubelet, "p"), None, "no rate across the restart");
-        // Started exactly at the last point's time: not after it, the same instance.
+        // Started before the last point (T0 + 3 s): the same instance, a rate.
         let t = T0 + 4 * S;
-        let same = started(c(t, 9 * S), T0 + 3 * S);
+        let same = started(c(t, 9 * S), T0 + 3 * S - MS);
         let sum = feed(
             &kubelet,
             &kubelet_clock,
@@ -1159,6 +1159,18 @@ mod tests {
             cpu_of(&get(&kubelet, "p").expect("rate"), "c"),
             NanoCores(S)
         );
+        // Started exactly at the last point's time: not before it, a restart (metrics-server
+        // keeps the last point only for a start before it).
+        let t = T0 + 5 * S;
+        let at_last = started(c(t, 10 * S), T0 + 4 * S);
+        let sum = feed(
+            &kubelet,
+            &kubelet_clock,
+            "n1",
+            t,
+            vec![pod("p", vec![at_last])],
+        );
+        assert_eq!(sum.restarts, 1);
     }
 
     #[test]

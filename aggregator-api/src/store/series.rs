@@ -47,8 +47,9 @@ impl Point {
         }
     }
 
-    /// Same instance unless an identity field is known in both points and says otherwise:
-    /// the cgroup id differs, or the start time does as `rule` reads it.
+    /// Same instance unless an identity field says otherwise: the cgroup id, known in both
+    /// points, differs; or the start time does as `rule` reads it (`Changed`: known in both
+    /// and different; `StartedAfterLastPoint`: the new one not before the last timestamp).
     fn same_instance(&self, new: &Point, rule: RestartRule) -> bool {
         let cgroup = match (self.cgroup_id, new.cgroup_id) {
             (Some(a), Some(b)) => a == b,
@@ -56,7 +57,8 @@ impl Point {
         };
         let start = match (self.started_at, new.started_at, rule) {
             (Some(a), Some(b), RestartRule::Changed) => a == b,
-            (_, Some(b), RestartRule::StartedAfterLastPoint) => b <= self.timestamp,
+            // metrics-server keeps the last point only if the new start is before it.
+            (_, Some(b), RestartRule::StartedAfterLastPoint) => b < self.timestamp,
             _ => true,
         };
         cgroup && start

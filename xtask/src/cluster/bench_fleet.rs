@@ -59,6 +59,8 @@ const DEPLOYMENT: &str = "deployment/kpulse-aggregator-api";
 const SELECTOR: &str = "app.kubernetes.io/name=kpulse-aggregator-api";
 /// The replicas' HTTPS port (readyz), as deploy/ has it.
 const HTTPS_PORT: u16 = 10250;
+/// Where, in the cluster's state, kpulse's APIServices are kept while the benchmark runs.
+const APISERVICES_KEPT: &str = "bench-fleet-apiservices.json";
 /// Longest wait for the replicas to start, go, or be ready.
 const PHASE_LIMIT: Duration = Duration::from_secs(600);
 
@@ -128,12 +130,12 @@ pub fn run(opts: &Options, dirs: &Dirs, kubectl: &Path, release: &versions::Rele
             println!(
                 "bench-fleet: the fleet stays; `cargo xtask cluster fleet --remove` removes it"
             );
-            restored.context("the aggregator-api Deployment was not put back")
+            restored
         }
         (Err(e), restored) => {
             scratch.keep();
             if let Err(r) = restored {
-                eprintln!("bench-fleet: the aggregator-api Deployment was not put back: {r:#}");
+                eprintln!("bench-fleet: {r:#}");
             }
             Err(e)
         }
@@ -258,11 +260,28 @@ impl Bench<'_> {
             container["args"].is_array(),
             "the aggregator-api Deployment has no args"
         );
-        let apiservices = kpulse_apiservices(&self.ctx.json(&["get", "apiservices"])?);
+        // Kept in the cluster's state too: a run killed during an off arm leaves them
+        // removed, and the next run puts them back from there.
+        let kept = self.ctx.dirs.state.join(APISERVICES_KEPT);
+        let mut apiservices = kpulse_apiservices(&self.ctx.json(&["get", "apiservices"])?);
+        if apiservices.is_empty() {
+            if let Ok(text) = fs::read_to_string(&kept) {
+                apiservices = serde_json::from_str(&text)
+                    .with_context(|| format!("{}: not a list of APIServices", kept.display()))?;
+                println!(
+                    "bench-fleet: kpulse's APIServices are missing (an earlier run stopped in \
+                     an off arm): put back from {}",
+                    kept.display()
+                );
+            }
+        }
         ensure!(
             !apiservices.is_empty(),
-            "no APIService of kpulse's (service in {NAMESPACE}): is kpulse installed?"
+            "no APIService of kpulse's (service in {NAMESPACE}): is kpulse installed? \
+             (`kubectl apply -k deploy/` puts them back)"
         );
+        fs::write(&kept, Value::from(apiservices.clone()).to_string())
+            .with_context(|| format!("cannot write {}", kept.display()))?;
         Ok(Saved {
             replicas: d["spec"]["replicas"].as_u64().unwrap_or(1),
             args: container["args"].clone(),
@@ -330,8 +349,26 @@ impl Bench<'_> {
         self.rollout()
     }
 
+    /// Puts the Deployment and the APIServices back, trying both whatever one's error.
     fn restore(&self, saved: &Saved) -> Result<()> {
-        self.ensure_apiservices(saved)?;
+        let apiservices = self
+            .ensure_apiservices(saved)
+            .context("kpulse's APIServices were not put back");
+        let deployment = self
+            .restore_deployment(saved)
+            .context("the aggregator-api Deployment was not put back");
+        match (apiservices, deployment) {
+            (Ok(()), Ok(())) => {
+                // Back in the cluster: nothing for a later run to put back.
+                let _ = fs::remove_file(self.ctx.dirs.state.join(APISERVICES_KEPT));
+                Ok(())
+            }
+            (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
+            (Err(a), Err(d)) => Err(d.context(format!("{a:#}"))),
+        }
+    }
+
+    fn restore_deployment(&self, saved: &Saved) -> Result<()> {
         let memory = "/spec/template/spec/containers/0/resources/limits/memory";
         let ops = json!([
             {"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": saved.args},

@@ -753,13 +753,17 @@ fn served_version(ctx: &Ctx<'_>) -> &'static str {
 /// replica's network namespace, over HTTPS, as the cluster's admin (a client certificate
 /// the replica's client CA trusts).
 pub(super) fn server_metrics(ctx: &Ctx<'_>) -> Result<Vec<String>> {
-    from_each_replica(ctx, "/metrics")
+    Ok(from_each_replica(ctx, &["/metrics"])?
+        .into_iter()
+        .flatten()
+        .collect())
 }
 
-/// What each running aggregator-api replica answers to GET `path` (as [`server_metrics`]
-/// reads it: as the cluster's admin, from inside the replica's network namespace), so that
-/// a check can see every replica and not the one kube-apiserver's proxy picks.
-pub(super) fn from_each_replica(ctx: &Ctx<'_>, path: &str) -> Result<Vec<String>> {
+/// What each running aggregator-api replica answers to GET each of `paths`, one list per
+/// replica in the order of `paths` (read as [`server_metrics`] reads them: as the cluster's
+/// admin, from inside the replica's network namespace), so that a check sees every replica
+/// and not the one kube-apiserver's proxy picks.
+pub(super) fn from_each_replica(ctx: &Ctx<'_>, paths: &[&str]) -> Result<Vec<Vec<String>>> {
     let admin = |field: &str| -> Result<Vec<u8>> {
         let b64 = crate::exec::output(ctx.kubectl().args([
             "config",
@@ -797,22 +801,27 @@ pub(super) fn from_each_replica(ctx: &Ctx<'_>, path: &str) -> Result<Vec<String>
         .filter_map(|id| id.strip_prefix("containerd://"))
     {
         let host = "kpulse-aggregator-api.kpulse-system.svc";
-        texts.push(crate::exec::output(
-            Command::new("nsenter")
-                .args(["-t", &container_pid(ctx, id)?.to_string(), "--net", "--"])
-                .args(["curl", "-sS", "--fail", "--max-time", "5"])
-                .arg("--cacert")
-                .arg(&ca)
-                .arg("--cert")
-                .arg(&cert)
-                .arg("--key")
-                .arg(&key)
-                .args([
-                    "--resolve",
-                    &format!("{host}:10250:127.0.0.1"),
-                    &format!("https://{host}:10250{path}"),
-                ]),
-        )?);
+        let pid = container_pid(ctx, id)?.to_string();
+        let mut answers = Vec::with_capacity(paths.len());
+        for path in paths {
+            answers.push(crate::exec::output(
+                Command::new("nsenter")
+                    .args(["-t", &pid, "--net", "--"])
+                    .args(["curl", "-sS", "--fail", "--max-time", "5"])
+                    .arg("--cacert")
+                    .arg(&ca)
+                    .arg("--cert")
+                    .arg(&cert)
+                    .arg("--key")
+                    .arg(&key)
+                    .args([
+                        "--resolve",
+                        &format!("{host}:10250:127.0.0.1"),
+                        &format!("https://{host}:10250{path}"),
+                    ]),
+            )?);
+        }
+        texts.push(answers);
     }
     ensure!(!texts.is_empty(), "no running aggregator-api replica");
     Ok(texts)

@@ -764,6 +764,22 @@ fn check_fleet() -> fleet::Shape {
 
 pub(super) fn fleet_from_kubelets(ctx: &Ctx<'_>) -> Result<String> {
     let shape = check_fleet();
+    // It makes its own fleet and removes it after: it would remove one found here too.
+    let (k, v) = fleet::NODE_LABEL;
+    let found = crate::exec::output(ctx.kubectl().args([
+        "get",
+        "nodes",
+        "-l",
+        &format!("{k}={v}"),
+        "-o",
+        "name",
+    ]))?;
+    ensure!(
+        found.trim().is_empty(),
+        "a fleet is in the cluster already ({} nodes); the check makes and removes its own: \
+         `cargo xtask cluster fleet --remove` first",
+        found.lines().count()
+    );
     let version = std::fs::read_to_string(ctx.dirs.state.join("release"))
         .context("the running cluster's release")?;
     let release = super::release(version.trim())?;
@@ -817,6 +833,24 @@ struct FleetPods {
     missing: Vec<String>,
     off: Vec<String>,
     worst_cpu_ratio: f64,
+}
+
+impl FleetPods {
+    /// What one replica lacks, with its `nodes` fleet nodes served of `want_nodes` and
+    /// `want_pods` fleet pods; `None` when it serves the whole fleet at kwok's figures.
+    fn shortfall(&self, nodes: usize, want_nodes: usize, want_pods: usize) -> Option<String> {
+        let first = |v: &[String], n: usize| v.iter().take(n).cloned().collect::<Vec<_>>();
+        (!self.missing.is_empty() || !self.off.is_empty() || nodes != want_nodes).then(|| {
+            format!(
+                "{nodes} of {want_nodes} fleet nodes served, {} of {want_pods} pods (missing: \
+                 {}), {} containers not at kwok's figures ({})",
+                self.served,
+                first(&self.missing, 5).join(", "),
+                self.off.len(),
+                first(&self.off, 3).join("; ")
+            )
+        })
+    }
 }
 
 fn compare_fleet_pods(
@@ -891,54 +925,40 @@ fn fleet_served(ctx: &Ctx<'_>, shape: &fleet::Shape) -> Result<String> {
     // serve the whole fleet. The fallback scrapes a node within a second of its entry, then
     // every few seconds until its pods have a rate: seconds; 90 s is for a loaded machine.
     let within = Duration::from_secs(90);
-    let replicas = loop {
-        let pods = from_each_replica(ctx, &pods_path)?;
-        let nodes = from_each_replica(ctx, &nodes_path)?;
-        ensure!(!pods.is_empty(), "no aggregator-api replica answered");
+    // One look: per replica, how its PodMetrics compare with kwok's, and its fleet nodes.
+    let look = || -> Result<Vec<(FleetPods, usize)>> {
         let mut replicas = Vec::new();
-        for (pods, nodes) in pods.iter().zip(&nodes) {
+        for answers in from_each_replica(ctx, &[&pods_path, &nodes_path])? {
+            let [pods, nodes] = answers.as_slice() else {
+                bail!("a replica gave {} answers to two requests", answers.len());
+            };
             let pods = compare_fleet_pods(&want, shape.containers, &json(pods, &pods_path)?)?;
             let nodes = json(nodes, &nodes_path)?["items"]
                 .as_array()
                 .map_or(0, Vec::len);
             replicas.push((pods, nodes));
         }
-        let short = replicas
-            .iter()
-            .find(|(pods, nodes)| !pods.missing.is_empty() || *nodes != shape.nodes);
-        let Some((pods, nodes)) = short else {
-            break replicas;
+        Ok(replicas)
+    };
+    // Until every replica serves every fleet node and pod at kwok's figures; an error (a
+    // replica restarting, a request timing out on a loaded machine) is another try.
+    let replicas = loop {
+        let why = match look() {
+            Ok(replicas) => {
+                let short = replicas
+                    .iter()
+                    .find_map(|(pods, nodes)| pods.shortfall(*nodes, shape.nodes, want.len()));
+                match short {
+                    None => break replicas,
+                    Some(short) => format!("a replica of {}: {short}", replicas.len()),
+                }
+            }
+            Err(e) => format!("{e:#}"),
         };
-        ensure!(
-            t.elapsed() < within,
-            "after {within:?}, a replica of {}: {nodes} of {} fleet nodes served, {} of {} \
-             pods (missing: {})",
-            replicas.len(),
-            shape.nodes,
-            pods.served,
-            want.len(),
-            pods.missing
-                .iter()
-                .take(5)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+        ensure!(t.elapsed() < within, "after {within:?}: {why}");
         thread::sleep(Duration::from_secs(1));
     };
     let served_in = t.elapsed();
-    let off: Vec<&String> = replicas.iter().flat_map(|(p, _)| &p.off).collect();
-    ensure!(
-        off.is_empty(),
-        "{} fleet containers (over {} replicas) not as kwok reports them: {}",
-        off.len(),
-        replicas.len(),
-        off.iter()
-            .take(5)
-            .map(|o| o.as_str())
-            .collect::<Vec<_>>()
-            .join("; ")
-    );
     let worst_cpu_ratio = replicas
         .iter()
         .map(|(p, _)| p.worst_cpu_ratio)
@@ -1049,5 +1069,13 @@ mod tests {
         // Nothing served: every pod missing, none passes.
         let got = compare_fleet_pods(&want, 1, &serde_json::json!({"items": []})).expect("empty");
         assert_eq!((got.served, got.missing.len()), (0, 3));
+        assert!(got.shortfall(3, 3, 3).is_some(), "pods missing");
+        let whole = FleetPods {
+            served: 3,
+            worst_cpu_ratio: 1.0,
+            ..FleetPods::default()
+        };
+        assert_eq!(whole.shortfall(3, 3, 3), None);
+        assert!(whole.shortfall(2, 3, 3).is_some(), "a node missing");
     }
 }

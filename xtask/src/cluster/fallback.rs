@@ -780,9 +780,7 @@ pub(super) fn fleet_from_kubelets(ctx: &Ctx<'_>) -> Result<String> {
          `cargo xtask cluster fleet --remove` first",
         found.lines().count()
     );
-    let version = std::fs::read_to_string(ctx.dirs.state.join("release"))
-        .context("the running cluster's release")?;
-    let release = super::release(version.trim())?;
+    let release = super::running_release(ctx.dirs)?;
     let rt = fleet::runtime()?;
     let client = rt.block_on(fleet::client(&ctx.dirs.kubeconfig()))?;
     let checked = fleet::make(&shape, None, ctx.dirs, &release, &rt, &client)
@@ -853,6 +851,15 @@ impl FleetPods {
     }
 }
 
+/// Of two ratios of served to expected, the one further from 1.
+fn further_from_one(a: f64, b: f64) -> f64 {
+    if (b - 1.0).abs() > (a - 1.0).abs() {
+        b
+    } else {
+        a
+    }
+}
+
 fn compare_fleet_pods(
     want: &BTreeMap<(String, String), (f64, f64)>,
     containers: usize,
@@ -889,9 +896,7 @@ fn compare_fleet_pods(
             let got_cpu = quantity(c["usage"]["cpu"].as_str().unwrap_or_default())?;
             let got_memory = quantity(c["usage"]["memory"].as_str().unwrap_or_default())?;
             let ratio = got_cpu / cpu;
-            if (ratio - 1.0).abs() > (out.worst_cpu_ratio - 1.0).abs() {
-                out.worst_cpu_ratio = ratio;
-            }
+            out.worst_cpu_ratio = further_from_one(out.worst_cpu_ratio, ratio);
             if (ratio - 1.0).abs() > 0.05 || got_memory != *memory {
                 out.off.push(format!(
                     "{ns}/{name} {}: {got_cpu:.4} cores and {got_memory} bytes served, kwok \
@@ -962,13 +967,7 @@ fn fleet_served(ctx: &Ctx<'_>, shape: &fleet::Shape) -> Result<String> {
     let worst_cpu_ratio = replicas
         .iter()
         .map(|(p, _)| p.worst_cpu_ratio)
-        .fold(1.0, |w: f64, r| {
-            if (r - 1.0).abs() > (w - 1.0).abs() {
-                r
-            } else {
-                w
-            }
-        });
+        .fold(1.0, further_from_one);
     // Every replica names the kubelet as each fleet node's source.
     let prefix = format!(
         "kpulse_aggregator_node_source{{node=\"{}",

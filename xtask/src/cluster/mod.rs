@@ -131,13 +131,11 @@ pub fn run(opts: &Options) -> Result<()> {
         }
         Action::Fleet(o) => {
             let (dirs, _) = running()?;
-            let version = fs::read_to_string(dirs.state.join("release"))?;
-            fleet::run(o, &dirs, &release(version.trim())?)
+            fleet::run(o, &dirs, &running_release(&dirs)?)
         }
         Action::BenchFleet(o) => {
             let (dirs, kubectl) = running()?;
-            let version = fs::read_to_string(dirs.state.join("release"))?;
-            bench_fleet::run(o, &dirs, &kubectl, &release(version.trim())?)
+            bench_fleet::run(o, &dirs, &kubectl, &running_release(&dirs)?)
         }
         Action::Build(o) => {
             let release = release(&o.kubernetes)?;
@@ -159,11 +157,16 @@ pub fn run(opts: &Options) -> Result<()> {
 fn running() -> Result<(Dirs, PathBuf)> {
     let root = crate::vm::workspace_root()?;
     let dirs = Dirs::new(&root);
-    let version = fs::read_to_string(dirs.state.join("release"))
-        .context("no cluster is up: cargo xtask cluster up --install")?;
-    let release = release(version.trim())?;
+    let release = running_release(&dirs)?;
     let kubectl = gobuild::kubernetes(&release).bin(&dirs.build, "kubectl");
     Ok((dirs, kubectl))
+}
+
+/// The release of the cluster that is up (what `up` wrote in its state).
+pub(super) fn running_release(dirs: &Dirs) -> Result<versions::Release> {
+    let version = fs::read_to_string(dirs.state.join("release"))
+        .context("no cluster is up: cargo xtask cluster up --install")?;
+    release(version.trim())
 }
 
 pub(crate) fn release(want: &str) -> Result<versions::Release> {

@@ -280,9 +280,7 @@ impl Bench {
 pub fn run(opts: &Options) -> Result<()> {
     let root = crate::vm::workspace_root()?;
     let dirs = Dirs::new(&root);
-    let version = fs::read_to_string(dirs.state.join("release"))
-        .context("no cluster is up: cargo xtask cluster up --install")?;
-    let release = super::release(version.trim())?;
+    let release = super::running_release(&dirs)?;
     let kubectl = gobuild::kubernetes(&release).bin(&dirs.build, "kubectl");
     let crictl = super::crictl(&dirs);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -325,7 +323,7 @@ pub fn run(opts: &Options) -> Result<()> {
         header,
         "# kpulse beside metrics-server {} — Kubernetes {}, {} CPUs, kernel {}\n",
         versions::METRICS_SERVER,
-        version.trim(),
+        release.kubernetes,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         fs::read_to_string("/proc/sys/kernel/osrelease")
             .unwrap_or_default()

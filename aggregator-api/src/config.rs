@@ -260,7 +260,11 @@ pub struct Config {
     /// it, agents must use tokens.
     #[arg(long, env = "KPULSE_AGENT_CLIENT_CA_FILE")]
     pub agent_client_ca_file: Option<PathBuf>,
-    /// Agent streams (requests on the agents' port) at once; more get 429.
+    /// Agent streams (requests on the agents' port) at once; more get 429. Every agent
+    /// streams to every replica, so this is above the largest clusters (130,000 nodes): a
+    /// bound on what clients can make one replica hold (about 61 KiB of memory and a file
+    /// descriptor a stream), not a capacity to size. The server lowers it to what its
+    /// open-file limit, raised to the hard one at start, leaves room for.
     #[arg(long, env = "KPULSE_MAX_AGENT_STREAMS", default_value_t = crate::ingest::DEFAULT_MAX_STREAMS)]
     pub max_agent_streams: usize,
 }
@@ -492,7 +496,7 @@ mod tests {
             c.agent_service_accounts,
             ["system:serviceaccount:kpulse-system:kpulse-agent"]
         );
-        assert_eq!(c.max_agent_streams, 10_000);
+        assert_eq!(c.max_agent_streams, 150_000);
         let limits = c.serve_limits();
         assert_eq!(limits.max_connections_per_ip, 1024);
         assert_eq!(limits.max_concurrent_streams, 250);

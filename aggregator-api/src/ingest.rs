@@ -87,8 +87,10 @@ pub const DEFAULT_PORT: u16 = 8444;
 pub const DEFAULT_AUDIENCE: &str = "kpulse";
 /// Default `--agent-service-accounts`.
 pub const DEFAULT_AGENT_SERVICE_ACCOUNT: &str = "system:serviceaccount:kpulse-system:kpulse-agent";
-/// Default `--max-agent-streams`.
-pub const DEFAULT_MAX_STREAMS: usize = 10_000;
+/// Default `--max-agent-streams`: above the largest clusters run (130,000 nodes), since
+/// every agent streams to every replica. A bound on what clients can make a replica hold
+/// (about 61 KiB and a file descriptor a stream, `cargo xtask bench-fit`), not a capacity.
+pub const DEFAULT_MAX_STREAMS: usize = 150_000;
 /// The TokenReview user extra naming the node a pod-bound projected token belongs to.
 pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 /// Time allowed for the Hello to arrive.
@@ -104,6 +106,9 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 const RESPONSE_FRAMES: usize = 2;
 /// Connections beyond `--max-agent-streams`, so that refusals (429) can still be told.
 const EXTRA_CONNECTIONS: usize = 64;
+/// Open files kept for all but the agents' streams: the API port's connections, the
+/// Kubernetes client's, the kubelet scrapes (at most `kubelet::MAX_CONCURRENT`) and files.
+pub const RESERVED_FILES: u64 = 512;
 
 /// A stream with no message for this long is closed: `max(3 × metric_expiry, 30 s)`.
 pub fn idle_timeout(metric_expiry: Duration) -> Duration {
@@ -173,6 +178,16 @@ impl Settings {
             hello_timeout: HELLO_TIMEOUT,
             idle_timeout: idle_timeout(metric_expiry),
         }
+    }
+
+    /// Lowers `max_streams` to what a soft open-file limit of `open_files` leaves room for
+    /// (a stream is a connection is a file descriptor, besides [`RESERVED_FILES`]), so that
+    /// the agents past it are refused with a 429 that says so rather than left in the listen
+    /// backlog by `EMFILE`; returns the streams the flag asked for when it lowered them.
+    pub fn fit_open_files(&mut self, open_files: u64) -> Option<usize> {
+        let room = open_files.saturating_sub(RESERVED_FILES + EXTRA_CONNECTIONS as u64);
+        let room = usize::try_from(room).unwrap_or(usize::MAX).max(1);
+        (self.max_streams > room).then(|| std::mem::replace(&mut self.max_streams, room))
     }
 
     /// The serving limits of the ingest port: `base` (the flags'), with one connection per
@@ -516,7 +531,8 @@ impl<C: Clock + 'static> Ingest<C> {
                 StatusCode::TOO_MANY_REQUESTS,
                 RejectReason::TooManyStreams,
                 format!(
-                    "too many agent streams (at most {}, --max-agent-streams); retry later",
+                    "too many agent streams (at most {}: --max-agent-streams, or what the \
+                     server's open-file limit leaves room for); retry later",
                     self.settings.max_streams
                 ),
             )
@@ -865,6 +881,21 @@ pub async fn serve<C: Clock + 'static>(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn streams_fit_the_open_file_limit() {
+        let mut s = Settings::new(10_000, Duration::from_secs(60));
+        assert_eq!(s.fit_open_files(1_048_576), None);
+        assert_eq!(s.max_streams, 10_000);
+        // containerd 2's soft limit, had the server not raised it.
+        assert_eq!(s.fit_open_files(1024), Some(10_000));
+        assert_eq!(s.max_streams, 1024 - 512 - 64);
+        let conns = s.serve_limits(serve::Limits::default()).max_connections;
+        assert!(conns as u64 + RESERVED_FILES <= 1024);
+        // Never none at all.
+        assert_eq!(s.fit_open_files(10), Some(448));
+        assert_eq!(s.max_streams, 1);
+    }
+
     use std::collections::BTreeMap;
 
     use kpulse_wire::{

@@ -41,6 +41,7 @@ fn main() -> ExitCode {
 async fn run(cfg: Config) -> anyhow::Result<()> {
     // Installed before the port is bound: a SIGTERM from then on drains.
     let shutdown = kpulse_process::shutdown::install().context("installing signal handlers")?;
+    let open_files = raise_open_files();
     let source = match (&cfg.tls_cert_file, &cfg.tls_private_key_file) {
         (Some(cert), Some(key)) => tls::CertSource::Files {
             cert: cert.clone(),
@@ -116,7 +117,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let agents = ingest::Ingest::new(
         sessions.clone(),
         agent_identity(&cfg, client.clone())?,
-        ingest::Settings::new(cfg.max_agent_streams, cfg.metric_expiry),
+        ingest_settings(&cfg, open_files),
     );
     if let Some(path) = &cfg.feed_file {
         tracing::info!(path = %path.display(), "following the feed file");
@@ -311,6 +312,49 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     );
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Raises the open-file limit to the hard one, as Go's runtime does for metrics-server: a
+/// container of containerd 2 starts at 1,024, and a stream is a file descriptor.
+fn raise_open_files() -> Option<kpulse_process::limits::OpenFiles> {
+    match kpulse_process::limits::raise_open_files() {
+        Ok(files) => {
+            tracing::info!(
+                inherited = files.inherited,
+                now = files.soft,
+                "open-file limit raised to the hard limit"
+            );
+            Some(files)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "open-file limit left as inherited");
+            None
+        }
+    }
+}
+
+/// The agents' port's limits: `--max-agent-streams`, within what the open-file limit leaves
+/// room for.
+fn ingest_settings(
+    cfg: &Config,
+    files: Option<kpulse_process::limits::OpenFiles>,
+) -> ingest::Settings {
+    let mut settings = ingest::Settings::new(cfg.max_agent_streams, cfg.metric_expiry);
+    let Some(files) = files else {
+        return settings;
+    };
+    if let Some(asked) = settings.fit_open_files(files.soft) {
+        tracing::warn!(
+            open_files = files.soft,
+            max_agent_streams = asked,
+            streams = settings.max_streams,
+            "the open-file limit leaves room for fewer agent streams than \
+             --max-agent-streams: agents past it are refused (429) and their nodes served \
+             from the kubelets if --kubelet-fallback; raise the container runtime's nofile \
+             limit (containerd's LimitNOFILE) or lower the flag"
+        );
+    }
+    settings
 }
 
 /// Housekeeping on a timer, so a node whose agent stopped is dropped even when no batch

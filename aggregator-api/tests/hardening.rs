@@ -167,9 +167,28 @@ fn temp_dir(name: &str) -> PathBuf {
 /// Starts the server in `dir` with `args` (after loopback ports and a certificate
 /// directory), `env` added; stderr goes to `dir/server.log`.
 fn start_server(dir: PathBuf, args: &[String], env: &[(&str, &str)]) -> Server {
+    launch(
+        dir,
+        Command::new(env!("CARGO_BIN_EXE_kpulse-aggregator-api")),
+        args,
+        env,
+    )
+}
+
+/// [`start_server`] with the soft open-file limit at `soft` (a container of containerd 2
+/// starts at 1,024), the hard one inherited.
+fn start_server_with_soft_nofile(dir: PathBuf, args: &[String], soft: u64) -> Server {
+    let mut cmd = Command::new("bash");
+    cmd.args(["-c", &format!("ulimit -Sn {soft} && exec \"$@\""), "server"])
+        .arg(env!("CARGO_BIN_EXE_kpulse-aggregator-api"));
+    launch(dir, cmd, args, &[])
+}
+
+/// Starts `cmd` (the server, or what execs it) as [`start_server`] says.
+fn launch(dir: PathBuf, mut cmd: Command, args: &[String], env: &[(&str, &str)]) -> Server {
     let (port, ingest_port) = (free_port(), free_port());
     let log = dir.join("server.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_kpulse-aggregator-api"))
+    let child = cmd
         .args(["--bind-address", "127.0.0.1", "--secure-port"])
         .arg(port.to_string())
         .arg("--ingest-port")
@@ -901,6 +920,65 @@ async fn malformed_and_oversized_agent_frames_are_refused() {
 
 // ---------------------------------------------------------------------------------------
 // Limits of the binary, with its defaults and flags.
+
+/// `Max open files` of `/proc/<pid>/limits`: (soft, hard).
+fn open_file_limits(pid: u32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a Max open files line");
+    let numbers: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(numbers.len(), 2, "{line}");
+    (numbers[0], numbers[1])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_open_file_limit_is_raised_and_bounds_the_agent_streams() {
+    let (_, hard) = open_file_limits(std::process::id());
+    assert!(
+        hard > 1024,
+        "this test needs a hard open-file limit above 1,024"
+    );
+    let dir = temp_dir("nofile");
+    let api = ReviewApi::standard();
+    // More streams than any open-file limit leaves room for.
+    let asked = hard + 10_000;
+    let args = strings(&[
+        "--authentication-skip-lookup",
+        "--kubeconfig",
+        api.kubeconfig(&dir).to_str().expect("utf8"),
+        "--max-agent-streams",
+        &asked.to_string(),
+    ]);
+    let s = start_server_with_soft_nofile(dir, &args, 1024);
+    // Raised before the ports are bound.
+    assert_eq!(open_file_limits(s.child.id()), (hard, hard));
+    let streams = hard - 512 - 64;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = s.log_text();
+        if log.contains("fewer agent streams") || Instant::now() > deadline {
+            break log;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        log.contains("open-file limit raised to the hard limit")
+            && log.contains("inherited=1024")
+            && log.contains(&format!("now={hard}")),
+        "{log}"
+    );
+    assert!(
+        log.contains("fewer agent streams than --max-agent-streams")
+            && log.contains(&format!("max_agent_streams={asked}"))
+            && log.contains(&format!("streams={streams}")),
+        "{log}"
+    );
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_and_connection_limits_of_the_binary() {

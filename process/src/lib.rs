@@ -1,11 +1,12 @@
 //! What kpulse's binaries (the agent and the aggregator-api) share at their edges: logging
 //! ([`init_logging`]), running `main` and its exit codes ([`run_main`]), the one shutdown signal ([`shutdown`]), errors
-//! rendered with their causes for log fields ([`error_chain`]) and certificates and keys
-//! read from PEM files ([`pem`]).
+//! rendered with their causes for log fields ([`error_chain`]), certificates and keys
+//! read from PEM files ([`pem`]) and the open-file limit ([`limits`]).
 
 use std::future::Future;
 use std::process::ExitCode;
 
+pub mod limits;
 pub mod pem;
 pub mod shutdown;
 pub mod tls;

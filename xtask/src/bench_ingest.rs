@@ -73,7 +73,13 @@ pub fn run(opts: &Options) -> Result<()> {
     for (i, signals) in phases.iter().enumerate() {
         let phase_dir = dir.dir.join(format!("phase-{i}"));
         std::fs::create_dir_all(&phase_dir)?;
-        columns.push(measure(opts, &phase_dir, &bins, &stop, *signals)?);
+        match measure_rows(opts, &phase_dir, &bins, &stop, *signals) {
+            Ok(column) => columns.push(column),
+            Err(e) => {
+                dir.keep();
+                return Err(e);
+            }
+        }
     }
     let head: Vec<&str> = phases
         .iter()
@@ -97,14 +103,106 @@ pub fn run(opts: &Options) -> Result<()> {
     Ok(())
 }
 
+/// What one run simulates.
+#[derive(Clone, Debug)]
+pub struct Shape {
+    /// Simulated nodes, a stream each.
+    pub nodes: usize,
+    /// Pods per node.
+    pub pods: usize,
+    /// Containers per pod.
+    pub containers: usize,
+    /// Each agent's interval between batches.
+    pub resolution_ms: u64,
+    /// Loopback addresses the server's agent port is reached at.
+    pub addresses: u8,
+    /// Seconds over which the agents connect.
+    pub ramp_secs: u64,
+    /// Seconds of steady state before measuring.
+    pub warmup_secs: u64,
+    /// Seconds measured.
+    pub measure_secs: u64,
+    /// Pressure and throttling too (`--custom-metrics`).
+    pub signals: bool,
+}
+
+impl Shape {
+    /// Batches a second the agents send in all.
+    pub fn batches_per_sec(&self) -> f64 {
+        self.nodes as f64 * 1000.0 / self.resolution_ms as f64
+    }
+}
+
+/// One run's measurements, from outside the server (`/proc`) and from its `/metrics`.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// Seconds measured.
+    pub secs: f64,
+    /// The server's CPU seconds (utime + stime) over them.
+    pub cpu_secs: f64,
+    /// The load generator's CPU seconds over them.
+    pub loadgen_cpu_secs: f64,
+    /// The server's RSS at the end, MiB.
+    pub rss_mib: f64,
+    /// Its peak RSS, MiB.
+    pub hwm_mib: f64,
+    /// Its open file descriptors at the end.
+    pub fds: usize,
+    /// The host's TCP memory at the end (both ends of every stream), KiB.
+    pub tcp_kib: f64,
+    /// Batches made visible over the window.
+    pub batches: f64,
+    /// Bytes received over the window.
+    pub bytes: f64,
+    /// Streams open at the end.
+    pub streams: f64,
+    /// Nodes stored at the end.
+    pub stored_nodes: f64,
+    /// Containers stored at the end.
+    pub stored_containers: f64,
+    /// Agent send → visible, p50 and p99 (seconds).
+    pub visible: (Option<f64>, Option<f64>),
+    /// Last byte received → visible in the server, p50 and p99 (seconds).
+    pub in_server: (Option<f64>, Option<f64>),
+}
+
+impl Sample {
+    /// The server's cores over the window.
+    pub fn cores(&self) -> f64 {
+        self.cpu_secs / self.secs
+    }
+
+    /// Batches made visible a second.
+    pub fn batches_per_sec(&self) -> f64 {
+        self.batches / self.secs
+    }
+}
+
 /// One measurement: the table's rows, `(measure, value)`.
-fn measure(
+fn measure_rows(
     opts: &Options,
     dir: &Path,
     bins: &harness::Binaries,
     stop: &Stop,
     signals: bool,
 ) -> Result<Vec<(String, String)>> {
+    let shape = Shape {
+        nodes: opts.nodes,
+        pods: opts.pods,
+        containers: opts.containers,
+        resolution_ms: opts.resolution_ms,
+        addresses: opts.addresses,
+        ramp_secs: opts.ramp_secs,
+        warmup_secs: opts.warmup_secs,
+        measure_secs: opts.measure_secs,
+        signals,
+    };
+    let s = measure(&shape, dir, bins, stop)?;
+    Ok(rows(&shape, &s))
+}
+
+/// Runs one server under the load generator as `shape` says and measures it.
+pub fn measure(shape: &Shape, dir: &Path, bins: &harness::Binaries, stop: &Stop) -> Result<Sample> {
     let pki = Pki::create(&bins.loadgen, &dir.join("ca"))?;
     // A Kubernetes API that is not there: the benchmark needs no TokenReview (agents use
     // client certificates) and reads /metrics anonymously (an always-allowed path).
@@ -115,21 +213,25 @@ fn measure(
             kubeconfig: dir.join("kubeconfig"),
         },
     )?;
-    let servers = server.ingest_addresses(opts.addresses);
+    let servers = server.ingest_addresses(shape.addresses);
+    // A node kept between two of its batches at a reduced rate, as at the agent's 1 s with
+    // the default 10 s.
+    let expiry_ms = (3 * shape.resolution_ms).max(10_000);
+    server.flag("--metric-expiry", format!("{expiry_ms}ms"));
     let mut server_proc = server.start(&bins.server, &dir.join("server.log"))?;
     server.wait_answering(&mut server_proc, Duration::from_secs(20), stop)?;
     let mut loadgen = Agents {
-        nodes: opts.nodes,
-        pods: opts.pods,
-        containers: opts.containers,
-        ramp_secs: opts.ramp_secs,
+        nodes: shape.nodes,
+        pods: shape.pods,
+        containers: shape.containers,
+        ramp_secs: shape.ramp_secs,
         servers: &servers,
         spread: servers.len() > 1,
-        resolution_ms: opts.resolution_ms,
+        resolution_ms: shape.resolution_ms,
         // The server's CPU is what is measured: it gets the CPU first.
         nice: true,
         log_filter: None,
-        custom_metrics: signals,
+        custom_metrics: shape.signals,
     }
     .start(
         &bins.loadgen,
@@ -138,10 +240,37 @@ fn measure(
         &dir.join("loadgen.out"),
     )?;
     eprintln!(
-        "bench-ingest: {} nodes × {} pods × {} containers; ramp {} s, warm-up {} s, measuring {} s",
-        opts.nodes, opts.pods, opts.containers, opts.ramp_secs, opts.warmup_secs, opts.measure_secs
+        "bench-ingest: {} nodes × {} pods × {} containers, a batch every {} ms; ramp {} s, \
+         warm-up {} s, measuring {} s",
+        shape.nodes,
+        shape.pods,
+        shape.containers,
+        shape.resolution_ms,
+        shape.ramp_secs,
+        shape.warmup_secs,
+        shape.measure_secs
     );
-    stop.sleep(Duration::from_secs(opts.ramp_secs + opts.warmup_secs))?;
+    stop.sleep(Duration::from_secs(shape.ramp_secs))?;
+    // The ramp is what the load generator aims at; on a busy machine the handshakes may
+    // take longer. The steady state starts once every stream is up.
+    let deadline = Instant::now() + Duration::from_secs(shape.ramp_secs + 120);
+    loop {
+        loadgen.check_running()?;
+        server_proc.check_running()?;
+        let streams = value(&server.scrape()?, "kpulse_aggregator_ingest_streams");
+        if streams >= shape.nodes as f64 {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{streams} of {} streams up {} s after the ramp; see {}",
+            shape.nodes,
+            120 + shape.ramp_secs,
+            loadgen.log.display()
+        );
+        stop.sleep(Duration::from_secs(1))?;
+    }
+    stop.sleep(Duration::from_secs(shape.warmup_secs))?;
     loadgen.check_running()?;
     let m0 = server.scrape()?;
     let (cpu0, lg0, t0) = (
@@ -149,7 +278,7 @@ fn measure(
         cpu_seconds(loadgen.pid())?,
         Instant::now(),
     );
-    stop.sleep(Duration::from_secs(opts.measure_secs))?;
+    stop.sleep(Duration::from_secs(shape.measure_secs))?;
     let m1 = server.scrape()?;
     let (cpu1, lg1, elapsed) = (
         cpu_seconds(server_proc.pid())?,
@@ -158,22 +287,38 @@ fn measure(
     );
     let (rss, hwm) = rss_mib(server_proc.pid())?;
     let fds = open_files(server_proc.pid())?;
-    let tcp_pages = tcp_memory_pages()?;
-    let page_kib = page_size()? as f64 / 1024.0;
-    let secs = elapsed.as_secs_f64();
+    let tcp_kib = tcp_memory_pages()? as f64 * page_size()? as f64 / 1024.0;
     let visible = "kpulse_aggregator_ingest_to_visible_seconds";
-    let messages = delta(&m0, &m1, &format!("{visible}_count"));
-    let p50 = quantile(&m0, &m1, visible, "", 0.50);
-    let p99 = quantile(&m0, &m1, visible, "", 0.99);
     let in_server = "kpulse_aggregator_ingest_received_to_visible_seconds";
-    let (s50, s99) = (
-        quantile(&m0, &m1, in_server, "", 0.50),
-        quantile(&m0, &m1, in_server, "", 0.99),
-    );
-    let bytes = delta(&m0, &m1, "kpulse_aggregator_ingest_received_bytes_total");
-    let stored_nodes = value(&m1, "kpulse_aggregator_store_nodes");
-    let containers = value(&m1, "kpulse_aggregator_store_containers");
-    let streams = value(&m1, "kpulse_aggregator_ingest_streams");
+    let sample = Sample {
+        secs: elapsed.as_secs_f64(),
+        cpu_secs: cpu1 - cpu0,
+        loadgen_cpu_secs: lg1 - lg0,
+        rss_mib: rss,
+        hwm_mib: hwm,
+        fds,
+        tcp_kib,
+        batches: delta(&m0, &m1, &format!("{visible}_count")),
+        bytes: delta(&m0, &m1, "kpulse_aggregator_ingest_received_bytes_total"),
+        streams: value(&m1, "kpulse_aggregator_ingest_streams"),
+        stored_nodes: value(&m1, "kpulse_aggregator_store_nodes"),
+        stored_containers: value(&m1, "kpulse_aggregator_store_containers"),
+        visible: (
+            quantile(&m0, &m1, visible, "", 0.50),
+            quantile(&m0, &m1, visible, "", 0.99),
+        ),
+        in_server: (
+            quantile(&m0, &m1, in_server, "", 0.50),
+            quantile(&m0, &m1, in_server, "", 0.99),
+        ),
+    };
+    drop(loadgen);
+    drop(server_proc);
+    Ok(sample)
+}
+
+/// The table's rows for one run.
+fn rows(shape: &Shape, s: &Sample) -> Vec<(String, String)> {
     let mut rows: Vec<(String, String)> = Vec::new();
     let mut row = |label: &str, value: String| rows.push((label.to_owned(), value));
     row(
@@ -181,19 +326,19 @@ fn measure(
         format!(
             "{} nodes × {} pods × {} containers, a batch every {} ms{} ({} streams open, {} nodes \
              and {} containers stored){}",
-            opts.nodes,
-            opts.pods,
-            opts.containers,
-            opts.resolution_ms,
-            if opts.addresses > 1 {
-                format!(", to {} loopback addresses", opts.addresses)
+            shape.nodes,
+            shape.pods,
+            shape.containers,
+            shape.resolution_ms,
+            if shape.addresses > 1 {
+                format!(", to {} loopback addresses", shape.addresses)
             } else {
                 String::new()
             },
-            streams,
-            stored_nodes,
-            containers,
-            if signals {
+            s.streams,
+            s.stored_nodes,
+            s.stored_containers,
+            if shape.signals {
                 ", every pod and container with pressure and throttling"
             } else {
                 ""
@@ -202,64 +347,64 @@ fn measure(
     );
     row(
         "server CPU",
-        format!(
-            "{:.2} cores (utime+stime over {secs:.0} s)",
-            (cpu1 - cpu0) / secs
-        ),
+        format!("{:.2} cores (utime+stime over {:.0} s)", s.cores(), s.secs),
     );
     row(
         "server RSS",
-        format!("{rss:.0} MiB at the end, peak {hwm:.0} MiB"),
+        format!("{:.0} MiB at the end, peak {:.0} MiB", s.rss_mib, s.hwm_mib),
     );
     row(
         "batches made visible",
         format!(
             "{:.0}/s (expected {:.0}/s)",
-            messages / secs,
-            opts.nodes as f64 * 1000.0 / opts.resolution_ms as f64
+            s.batches_per_sec(),
+            shape.batches_per_sec()
         ),
     );
     row(
         "server CPU per batch made visible",
-        format!("{:.0} µs", (cpu1 - cpu0) / messages.max(1.0) * 1e6),
+        format!("{:.0} µs", s.cpu_secs / s.batches.max(1.0) * 1e6),
     );
     row(
         "server file descriptors",
-        format!("{fds} ({:.2} per stream)", fds as f64 / streams.max(1.0)),
+        format!(
+            "{} ({:.2} per stream)",
+            s.fds,
+            s.fds as f64 / s.streams.max(1.0)
+        ),
     );
     row(
         "kernel TCP memory, the whole host (both ends of every stream)",
         format!(
-            "{tcp_pages} pages ({:.2} KiB per stream)",
-            tcp_pages as f64 * page_kib / streams.max(1.0)
+            "{:.0} KiB ({:.2} KiB per stream)",
+            s.tcp_kib,
+            s.tcp_kib / s.streams.max(1.0)
         ),
     );
     row(
         "ingest→visible in the server (last byte received → store)",
-        format!("p50 {}, p99 {}", ms(s50), ms(s99)),
+        format!("p50 {}, p99 {}", ms(s.in_server.0), ms(s.in_server.1)),
     );
     row(
         "agent send → visible (includes the load generator's own queueing on this shared host)",
-        format!("p50 {}, p99 {}", ms(p50), ms(p99)),
+        format!("p50 {}, p99 {}", ms(s.visible.0), ms(s.visible.1)),
     );
     row(
         "wire bytes per node",
         format!(
             "{:.1} KiB/s",
-            bytes / secs / opts.nodes.max(1) as f64 / 1024.0
+            s.bytes / s.secs / shape.nodes.max(1) as f64 / 1024.0
         ),
     );
     row(
         "load generator CPU (not the server's)",
-        format!("{:.2} cores", (lg1 - lg0) / secs),
+        format!("{:.2} cores", s.loadgen_cpu_secs / s.secs),
     );
-    drop(loadgen);
-    drop(server_proc);
-    Ok(rows)
+    rows
 }
 
 /// Open file descriptors of process `pid`.
-fn open_files(pid: u32) -> Result<usize> {
+pub fn open_files(pid: u32) -> Result<usize> {
     let dir = format!("/proc/{pid}/fd");
     Ok(std::fs::read_dir(&dir)
         .with_context(|| format!("cannot list {dir}"))?

@@ -146,7 +146,7 @@ pub struct Proc {
 }
 
 /// Raises the soft limit of open files to the hard one, then runs the command: a stream per
-/// simulated node on each side.
+/// simulated node on each side. (The server raises its own as well.)
 const NOFILE: &str = "ulimit -n \"$(ulimit -Hn)\" && exec \"$@\"";
 
 impl Proc {
@@ -394,6 +394,11 @@ impl Server {
         (1..=n.max(1))
             .map(|i| format!("127.0.0.{i}:{}", self.ingest_port))
             .collect()
+    }
+
+    /// Adds `--flag value` to the server's command line.
+    pub fn flag(&mut self, flag: &str, value: String) {
+        self.args.extend([flag.to_owned(), value]);
     }
 
     /// `127.0.0.1:<API port>`.

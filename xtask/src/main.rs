@@ -3,6 +3,7 @@
 //! `deploy/`. Not shipped; not a library.
 
 mod bench_agent;
+mod bench_fit;
 mod bench_ingest;
 mod bench_restart;
 mod build_ebpf;
@@ -35,6 +36,8 @@ enum Command {
     BenchAgent(bench_agent::Options),
     /// One aggregator-api replica ingesting simulated agents: CPU, RSS, latency, bytes.
     BenchIngest(bench_ingest::Options),
+    /// One replica's cost per stream, pod and container: bench-ingest runs fitted by least squares.
+    BenchFit(bench_fit::Options),
     /// kpulse beside metrics-server on the running cluster: freshness, accuracy, cost, load.
     BenchVsMetricsServer(cluster::versus::Options),
     /// Server restarts under load: time until every node and pod is served again.
@@ -64,6 +67,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::BenchAgent(opts) => bench_agent::run(&opts),
         Command::BenchIngest(opts) => bench_ingest::run(&opts),
+        Command::BenchFit(opts) => bench_fit::run(&opts),
         Command::BenchRestart(opts) => bench_restart::run(&opts),
         Command::BenchVsMetricsServer(opts) => cluster::versus::run(&opts),
         Command::BuildEbpf(opts) if opts.clippy => build_ebpf::clippy(),

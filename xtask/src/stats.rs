@@ -1,5 +1,9 @@
-//! The few statistics the side-by-side benchmarks report: a median and its spread, and the
-//! mean of paired differences with its 95 % confidence interval (Student's t).
+//! The few statistics the benchmarks report: a median and its spread, the mean of paired
+//! differences with its 95 % confidence interval (Student's t), and a least-squares fit with
+//! the intervals of its coefficients and predictions (`bench-fit`).
+
+use anyhow::{ensure, Context, Result};
+use nalgebra::{DMatrix, DVector};
 
 /// The arithmetic mean; NaN when empty.
 pub fn mean(v: &[f64]) -> f64 {
@@ -62,9 +66,123 @@ pub fn paired(diffs: &[f64]) -> (f64, f64, f64) {
     (m, m - half, m + half)
 }
 
+/// An ordinary least-squares fit `y ≈ X β`.
+#[derive(Clone, Debug)]
+pub struct Fit {
+    /// β, one per column of `X`.
+    pub coef: Vec<f64>,
+    /// The covariance of β: `s² (XᵀX)⁻¹`.
+    cov: DMatrix<f64>,
+    /// Residual degrees of freedom: rows − columns.
+    pub df: usize,
+    /// The residuals' standard deviation `s`.
+    pub residual_sd: f64,
+    /// The share of `y`'s variance about its mean the fit explains.
+    pub r2: f64,
+}
+
+impl Fit {
+    /// Fits `y` on the rows `x` (each with one value per coefficient; a constant column for
+    /// an intercept). Needs more rows than columns and columns that are not collinear.
+    pub fn least_squares(x: &[Vec<f64>], y: &[f64]) -> Result<Fit> {
+        let (n, k) = (x.len(), x.first().map_or(0, Vec::len));
+        ensure!(
+            k > 0 && n > k && y.len() == n && x.iter().all(|r| r.len() == k),
+            "a fit needs more rows ({n}) than coefficients ({k}), as many values as rows"
+        );
+        // Each column scaled to its largest magnitude: the columns here differ by orders of
+        // magnitude (streams against containers a second), which XᵀX would square.
+        let scale: Vec<f64> = (0..k)
+            .map(|j| {
+                let m = x.iter().map(|r| r[j].abs()).fold(0.0, f64::max);
+                if m > 0.0 {
+                    m
+                } else {
+                    1.0
+                }
+            })
+            .collect();
+        let xm = DMatrix::from_fn(n, k, |i, j| x[i][j] / scale[j]);
+        let yv = DVector::from_column_slice(y);
+        let xtx_inv = (xm.transpose() * &xm)
+            .try_inverse()
+            .context("the fit's columns are collinear: the design does not separate them")?;
+        let beta = &xtx_inv * xm.transpose() * &yv;
+        let residuals = &yv - &xm * &beta;
+        let df = n - k;
+        let s2 = residuals.norm_squared() / df as f64;
+        let ybar = mean(y);
+        let total: f64 = y.iter().map(|v| (v - ybar).powi(2)).sum();
+        let unscale = DMatrix::from_fn(k, k, |i, j| if i == j { 1.0 / scale[i] } else { 0.0 });
+        Ok(Fit {
+            coef: (0..k).map(|j| beta[j] / scale[j]).collect(),
+            cov: &unscale * (xtx_inv * s2) * &unscale,
+            df,
+            residual_sd: s2.sqrt(),
+            r2: if total > 0.0 {
+                1.0 - residuals.norm_squared() / total
+            } else {
+                f64::NAN
+            },
+        })
+    }
+
+    /// Coefficient `j` and its 95 % confidence interval.
+    pub fn coefficient(&self, j: usize) -> (f64, f64, f64) {
+        let half = t975(self.df) * self.cov[(j, j)].max(0.0).sqrt();
+        (self.coef[j], self.coef[j] - half, self.coef[j] + half)
+    }
+
+    /// The fitted mean at `x` and its 95 % confidence interval (the model's uncertainty
+    /// about the mean, not a single run's scatter, and only as good as the model is far
+    /// from the fitted points).
+    pub fn predict(&self, x: &[f64]) -> (f64, f64, f64) {
+        let xv = DVector::from_column_slice(x);
+        let y: f64 = x.iter().zip(&self.coef).map(|(a, b)| a * b).sum();
+        let var = (xv.transpose() * &self.cov * &xv)[(0, 0)];
+        let half = t975(self.df) * var.max(0.0).sqrt();
+        (y, y - half, y + half)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn least_squares_by_hand() -> Result<()> {
+        // y = 1 + 2x exactly: no residual, no interval.
+        let x: Vec<Vec<f64>> = (0..5).map(|i| vec![1.0, f64::from(i)]).collect();
+        let y: Vec<f64> = (0..5).map(|i| 1.0 + 2.0 * f64::from(i)).collect();
+        let fit = Fit::least_squares(&x, &y)?;
+        assert!((fit.coef[0] - 1.0).abs() < 1e-9 && (fit.coef[1] - 2.0).abs() < 1e-9);
+        assert!(fit.residual_sd < 1e-9 && (fit.r2 - 1.0).abs() < 1e-12);
+        let (p, lo, hi) = fit.predict(&[1.0, 10.0]);
+        assert!((p - 21.0).abs() < 1e-9 && (hi - lo) < 1e-6);
+        // x = 0, 1, 2, 3 with y = 0, 1, 1, 3: slope 0.9, intercept −0.1 (the textbook sums:
+        // Sxy = 4.5, Sxx = 5), residuals 0.1, 0.2, −0.7, 0.4 → s² = 0.7 / 2, var(slope) =
+        // s² / Sxx.
+        let x: Vec<Vec<f64>> = (0..4).map(|i| vec![1.0, f64::from(i)]).collect();
+        let fit = Fit::least_squares(&x, &[0.0, 1.0, 1.0, 3.0])?;
+        assert!((fit.coef[1] - 0.9).abs() < 1e-9 && (fit.coef[0] + 0.1).abs() < 1e-9);
+        let (_, lo, hi) = fit.coefficient(1);
+        let half = 4.303 * (0.35f64 / 5.0).sqrt();
+        assert!((hi - lo - 2.0 * half).abs() < 1e-9);
+        // Columns that differ by six orders of magnitude still fit.
+        let x: Vec<Vec<f64>> = (0..6)
+            .map(|i| vec![1.0, f64::from(i) * 1e6, f64::from(i * i)])
+            .collect();
+        let y: Vec<f64> = x.iter().map(|r| 3.0 + 2e-6 * r[1] + 0.5 * r[2]).collect();
+        let fit = Fit::least_squares(&x, &y)?;
+        assert!((fit.coef[1] - 2e-6).abs() < 1e-15 && (fit.coef[2] - 0.5).abs() < 1e-9);
+        // Collinear columns, and too few rows, are errors.
+        let x: Vec<Vec<f64>> = (0..4)
+            .map(|i| vec![f64::from(i), 2.0 * f64::from(i)])
+            .collect();
+        assert!(Fit::least_squares(&x, &[0.0, 1.0, 2.0, 3.0]).is_err());
+        assert!(Fit::least_squares(&[vec![1.0, 2.0]], &[1.0]).is_err());
+        Ok(())
+    }
 
     #[test]
     fn median_of_odd_and_even_counts() {

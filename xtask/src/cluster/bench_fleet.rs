@@ -323,6 +323,8 @@ impl Bench<'_> {
 
     /// Changes the Deployment for the fleet and waits for the rollout.
     fn patch_deployment(&self, saved: &Saved) -> Result<()> {
+        // The Deployment's own limits are dropped: the per-address one is set below for the
+        // fleet, and the streams' default is above any fleet.
         let limits = ["--max-connections-per-ip=", "--max-agent-streams="];
         let mut args: Vec<Value> = saved
             .args
@@ -336,11 +338,9 @@ impl Bench<'_> {
             .cloned()
             .collect();
         // Every fleet agent connects from this machine's address (real agents each have
-        // their pod's): the default limit of 1,024 per address would refuse the rest. And
-        // the fleet may be larger than the default --max-agent-streams (10,000).
+        // their pod's): the default limit of 1,024 per address would refuse the rest.
         let room = self.opts.shape.nodes + 64;
         args.push(json!(format!("--max-connections-per-ip={room}")));
-        args.push(json!(format!("--max-agent-streams={room}")));
         self.patch(&json!([
             {"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args},
             {"op": "add", "path": "/spec/template/spec/containers/0/resources/limits/memory",

@@ -343,8 +343,14 @@ fn ingest_settings(
     let Some(files) = files else {
         return settings;
     };
-    if let Some(asked) = settings.fit_open_files(files.soft) {
-        tracing::warn!(
+    match settings.fit_open_files(files.soft) {
+        // The default is above any cluster: that a host's limit is below it says nothing.
+        Some(ingest::DEFAULT_MAX_STREAMS) => tracing::info!(
+            open_files = files.soft,
+            streams = settings.max_streams,
+            "agent streams bounded by the open-file limit"
+        ),
+        Some(asked) => tracing::warn!(
             open_files = files.soft,
             max_agent_streams = asked,
             streams = settings.max_streams,
@@ -352,7 +358,8 @@ fn ingest_settings(
              --max-agent-streams: agents past it are refused (429) and their nodes served \
              from the kubelets if --kubelet-fallback; raise the container runtime's nofile \
              limit (containerd's LimitNOFILE) or lower the flag"
-        );
+        ),
+        None => {}
     }
     settings
 }

@@ -978,6 +978,33 @@ async fn the_open_file_limit_is_raised_and_bounds_the_agent_streams() {
             && log.contains(&format!("streams={streams}")),
         "{log}"
     );
+    drop(s);
+
+    // The default is above any cluster: bounded by the limit, said without a warning.
+    let dir = temp_dir("nofile-default");
+    let args = strings(&[
+        "--authentication-skip-lookup",
+        "--kubeconfig",
+        api.kubeconfig(&dir).to_str().expect("utf8"),
+    ]);
+    let s = start_server_with_soft_nofile(dir, &args, 1024);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = s.log_text();
+        if log.contains("serving agents' streams") && log.contains("kubelet fallback") {
+            break log;
+        }
+        assert!(Instant::now() < deadline, "{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!log.contains("fewer agent streams"), "{log}");
+    if hard < 150_000 + 512 + 64 {
+        assert!(
+            log.contains("agent streams bounded by the open-file limit")
+                && log.contains(&format!("streams={streams}")),
+            "{log}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,10 +7,12 @@
 //! utime+stime, so the load generator's own CPU is not counted), its RSS (`VmRSS`, peak
 //! `VmHWM`), bytes received per node per second and the ingest→visible latency histogram
 //! (`/metrics`, differences between the start and the end of the window). Prints a Markdown
-//! table for docs/benchmarks.md.
+//! table for docs/benchmarks.md. With `--against BINARY` another server binary (an earlier
+//! build) runs at the same time under its own load generator of the same shape, over the
+//! same window: a side by side in which both share the machine alike.
 
 use std::{
-    path::Path,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -51,6 +53,11 @@ pub struct Options {
     /// every address.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..))]
     addresses: u8,
+    /// Another server binary (an earlier build) measured at the same time as this build's,
+    /// each under its own load generator of the same shape: the table has a column for
+    /// each.
+    #[arg(long, value_name = "SERVER_BINARY", conflicts_with = "custom_metrics")]
+    against: Option<PathBuf>,
     /// Measure twice in one run, with a fresh server each time: the agents as by default,
     /// then sending pressure and throttling too (`kpulse-agent run --custom-metrics`, every
     /// figure for every pod and container); the table has one column for each.
@@ -69,6 +76,26 @@ pub fn run(opts: &Options) -> Result<()> {
     } else {
         &[false]
     };
+    if let Some(against) = &opts.against {
+        anyhow::ensure!(
+            against.is_file(),
+            "--against {}: no such file",
+            against.display()
+        );
+        let shape = opts.shape(false);
+        let (a, b) = match measure_side_by_side(&shape, &dir.dir, &bins, against, &stop) {
+            Ok(samples) => samples,
+            Err(e) => {
+                dir.keep();
+                return Err(e);
+            }
+        };
+        print_table(
+            &["this build", &format!("`{}`", against.display())],
+            &[rows(&shape, &a, 2), rows(&shape, &b, 2)],
+        );
+        return Ok(());
+    }
     let mut columns = Vec::new();
     for (i, signals) in phases.iter().enumerate() {
         let phase_dir = dir.dir.join(format!("phase-{i}"));
@@ -91,16 +118,24 @@ pub fn run(opts: &Options) -> Result<()> {
             }
         })
         .collect();
+    print_table(&head, &columns);
+    Ok(())
+}
+
+/// The Markdown table: a column per run, a row per measure.
+fn print_table(head: &[&str], columns: &[Vec<(String, String)>]) {
     println!("| measure | {} |", head.join(" | "));
     println!("|---|{}", "---|".repeat(head.len()));
-    for (r, (label, _)) in columns[0].iter().enumerate() {
+    let Some(first) = columns.first() else {
+        return;
+    };
+    for (r, (label, _)) in first.iter().enumerate() {
         let cells: Vec<&str> = columns
             .iter()
             .map(|c| c.get(r).map_or("", |(_, v)| v.as_str()))
             .collect();
         println!("| {label} | {} |", cells.join(" | "));
     }
-    Ok(())
 }
 
 /// What one run simulates.
@@ -178,6 +213,23 @@ impl Sample {
     }
 }
 
+impl Options {
+    /// The run the flags ask for.
+    fn shape(&self, signals: bool) -> Shape {
+        Shape {
+            nodes: self.nodes,
+            pods: self.pods,
+            containers: self.containers,
+            resolution_ms: self.resolution_ms,
+            addresses: self.addresses,
+            ramp_secs: self.ramp_secs,
+            warmup_secs: self.warmup_secs,
+            measure_secs: self.measure_secs,
+            signals,
+        }
+    }
+}
+
 /// One measurement: the table's rows, `(measure, value)`.
 fn measure_rows(
     opts: &Options,
@@ -186,139 +238,203 @@ fn measure_rows(
     stop: &Stop,
     signals: bool,
 ) -> Result<Vec<(String, String)>> {
-    let shape = Shape {
-        nodes: opts.nodes,
-        pods: opts.pods,
-        containers: opts.containers,
-        resolution_ms: opts.resolution_ms,
-        addresses: opts.addresses,
-        ramp_secs: opts.ramp_secs,
-        warmup_secs: opts.warmup_secs,
-        measure_secs: opts.measure_secs,
-        signals,
-    };
+    let shape = opts.shape(signals);
     let s = measure(&shape, dir, bins, stop)?;
-    Ok(rows(&shape, &s))
+    Ok(rows(&shape, &s, 1))
 }
 
 /// Runs one server under the load generator as `shape` says and measures it.
 pub fn measure(shape: &Shape, dir: &Path, bins: &harness::Binaries, stop: &Stop) -> Result<Sample> {
-    let pki = Pki::create(&bins.loadgen, &dir.join("ca"))?;
-    // A Kubernetes API that is not there: the benchmark needs no TokenReview (agents use
-    // client certificates) and reads /metrics anonymously (an always-allowed path).
-    let mut server = Server::new(
-        dir,
-        &pki.ca,
-        ServerAuth::AnonymousMetrics {
-            kubeconfig: dir.join("kubeconfig"),
-        },
-    )?;
-    let servers = server.ingest_addresses(shape.addresses);
-    // A node kept between two of its batches at a reduced rate, as at the agent's 1 s with
-    // the default 10 s.
-    let expiry_ms = (3 * shape.resolution_ms).max(10_000);
-    server.flag("--metric-expiry", format!("{expiry_ms}ms"));
-    let mut server_proc = server.start(&bins.server, &dir.join("server.log"))?;
-    server.wait_answering(&mut server_proc, Duration::from_secs(20), stop)?;
-    let mut loadgen = Agents {
-        nodes: shape.nodes,
-        pods: shape.pods,
-        containers: shape.containers,
-        ramp_secs: shape.ramp_secs,
-        servers: &servers,
-        spread: servers.len() > 1,
-        resolution_ms: shape.resolution_ms,
-        // The server's CPU is what is measured: it gets the CPU first.
-        nice: true,
-        log_filter: None,
-        custom_metrics: shape.signals,
-    }
-    .start(
-        &bins.loadgen,
-        &pki,
-        &dir.join("loadgen.log"),
-        &dir.join("loadgen.out"),
-    )?;
-    eprintln!(
-        "bench-ingest: {} nodes × {} pods × {} containers, a batch every {} ms; ramp {} s, \
-         warm-up {} s, measuring {} s",
-        shape.nodes,
-        shape.pods,
-        shape.containers,
-        shape.resolution_ms,
-        shape.ramp_secs,
-        shape.warmup_secs,
-        shape.measure_secs
-    );
-    stop.sleep(Duration::from_secs(shape.ramp_secs))?;
-    // The ramp is what the load generator aims at; on a busy machine the handshakes may
-    // take longer. The steady state starts once every stream is up.
-    let deadline = Instant::now() + Duration::from_secs(shape.ramp_secs + 120);
-    loop {
-        loadgen.check_running()?;
-        server_proc.check_running()?;
-        let streams = value(&server.scrape()?, "kpulse_aggregator_ingest_streams");
-        if streams >= shape.nodes as f64 {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{streams} of {} streams up {} s after the ramp; see {}",
-            shape.nodes,
-            120 + shape.ramp_secs,
-            loadgen.log.display()
-        );
-        stop.sleep(Duration::from_secs(1))?;
-    }
+    let mut run = Running::start(shape, dir, bins, stop)?;
+    run.wait_streams(stop)?;
     stop.sleep(Duration::from_secs(shape.warmup_secs))?;
-    loadgen.check_running()?;
-    let m0 = server.scrape()?;
-    let (cpu0, lg0, t0) = (
-        cpu_seconds(server_proc.pid())?,
-        cpu_seconds(loadgen.pid())?,
-        Instant::now(),
-    );
+    let begun = run.begin()?;
     stop.sleep(Duration::from_secs(shape.measure_secs))?;
-    let m1 = server.scrape()?;
-    let (cpu1, lg1, elapsed) = (
-        cpu_seconds(server_proc.pid())?,
-        cpu_seconds(loadgen.pid())?,
-        t0.elapsed(),
-    );
-    let (rss, hwm) = rss_mib(server_proc.pid())?;
-    let fds = open_files(server_proc.pid())?;
-    let tcp_kib = tcp_memory_pages()? as f64 * page_size()? as f64 / 1024.0;
-    let visible = "kpulse_aggregator_ingest_to_visible_seconds";
-    let in_server = "kpulse_aggregator_ingest_received_to_visible_seconds";
-    let sample = Sample {
-        secs: elapsed.as_secs_f64(),
-        cpu_secs: cpu1 - cpu0,
-        loadgen_cpu_secs: lg1 - lg0,
-        rss_mib: rss,
-        hwm_mib: hwm,
-        fds,
-        tcp_kib,
-        batches: delta(&m0, &m1, &format!("{visible}_count")),
-        bytes: delta(&m0, &m1, "kpulse_aggregator_ingest_received_bytes_total"),
-        streams: value(&m1, "kpulse_aggregator_ingest_streams"),
-        stored_nodes: value(&m1, "kpulse_aggregator_store_nodes"),
-        stored_containers: value(&m1, "kpulse_aggregator_store_containers"),
-        visible: (
-            quantile(&m0, &m1, visible, "", 0.50),
-            quantile(&m0, &m1, visible, "", 0.99),
-        ),
-        in_server: (
-            quantile(&m0, &m1, in_server, "", 0.50),
-            quantile(&m0, &m1, in_server, "", 0.99),
-        ),
-    };
-    drop(loadgen);
-    drop(server_proc);
-    Ok(sample)
+    run.end(&begun)
 }
 
-/// The table's rows for one run.
-fn rows(shape: &Shape, s: &Sample) -> Vec<(String, String)> {
+/// A server and its load generator, running.
+struct Running {
+    shape: Shape,
+    server: Server,
+    server_proc: harness::Proc,
+    loadgen: harness::Proc,
+}
+
+/// The counters at the start of the measured window.
+struct Begun {
+    metrics: harness::Metrics,
+    cpu: f64,
+    loadgen_cpu: f64,
+    at: Instant,
+}
+
+impl Running {
+    /// Starts the server of `bins`, then its load generator, as `shape` says.
+    fn start(shape: &Shape, dir: &Path, bins: &harness::Binaries, stop: &Stop) -> Result<Running> {
+        let pki = Pki::create(&bins.loadgen, &dir.join("ca"))?;
+        // A Kubernetes API that is not there: the benchmark needs no TokenReview (agents
+        // use client certificates) and reads /metrics anonymously (an always-allowed path).
+        let mut server = Server::new(
+            dir,
+            &pki.ca,
+            ServerAuth::AnonymousMetrics {
+                kubeconfig: dir.join("kubeconfig"),
+            },
+        )?;
+        let servers = server.ingest_addresses(shape.addresses);
+        // A node kept between two of its batches at a reduced rate, as at the agent's 1 s
+        // with the default 10 s.
+        let expiry_ms = (3 * shape.resolution_ms).max(10_000);
+        server.flag("--metric-expiry", format!("{expiry_ms}ms"));
+        let mut server_proc = server.start(&bins.server, &dir.join("server.log"))?;
+        server.wait_answering(&mut server_proc, Duration::from_secs(20), stop)?;
+        let loadgen = Agents {
+            nodes: shape.nodes,
+            pods: shape.pods,
+            containers: shape.containers,
+            ramp_secs: shape.ramp_secs,
+            servers: &servers,
+            spread: servers.len() > 1,
+            resolution_ms: shape.resolution_ms,
+            // The server's CPU is what is measured: it gets the CPU first.
+            nice: true,
+            log_filter: None,
+            custom_metrics: shape.signals,
+        }
+        .start(
+            &bins.loadgen,
+            &pki,
+            &dir.join("loadgen.log"),
+            &dir.join("loadgen.out"),
+        )?;
+        eprintln!(
+            "bench-ingest: {} ({}): {} nodes × {} pods × {} containers, a batch every {} ms; \
+             ramp {} s, warm-up {} s, measuring {} s",
+            bins.server.display(),
+            dir.display(),
+            shape.nodes,
+            shape.pods,
+            shape.containers,
+            shape.resolution_ms,
+            shape.ramp_secs,
+            shape.warmup_secs,
+            shape.measure_secs
+        );
+        Ok(Running {
+            shape: shape.clone(),
+            server,
+            server_proc,
+            loadgen,
+        })
+    }
+
+    /// Waits out the ramp, then until every stream is up: the ramp is what the load
+    /// generator aims at, and on a busy machine the handshakes may take longer.
+    fn wait_streams(&mut self, stop: &Stop) -> Result<()> {
+        let shape = &self.shape;
+        let deadline = Instant::now() + Duration::from_secs(shape.ramp_secs + 120);
+        loop {
+            self.loadgen.check_running()?;
+            self.server_proc.check_running()?;
+            let streams = value(&self.server.scrape()?, "kpulse_aggregator_ingest_streams");
+            if streams >= shape.nodes as f64 {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{streams} of {} streams up {} s after the start; see {}",
+                shape.nodes,
+                120 + shape.ramp_secs,
+                self.loadgen.log.display()
+            );
+            stop.sleep(Duration::from_secs(1))?;
+        }
+    }
+
+    /// The counters at the start of the window.
+    fn begin(&mut self) -> Result<Begun> {
+        self.loadgen.check_running()?;
+        Ok(Begun {
+            metrics: self.server.scrape()?,
+            cpu: cpu_seconds(self.server_proc.pid())?,
+            loadgen_cpu: cpu_seconds(self.loadgen.pid())?,
+            at: Instant::now(),
+        })
+    }
+
+    /// The window's measurements; stops both processes.
+    fn end(self, begun: &Begun) -> Result<Sample> {
+        let m1 = self.server.scrape()?;
+        let (cpu1, lg1, elapsed) = (
+            cpu_seconds(self.server_proc.pid())?,
+            cpu_seconds(self.loadgen.pid())?,
+            begun.at.elapsed(),
+        );
+        let (rss, hwm) = rss_mib(self.server_proc.pid())?;
+        let fds = open_files(self.server_proc.pid())?;
+        let tcp_kib = tcp_memory_pages()? as f64 * page_size()? as f64 / 1024.0;
+        let m0 = &begun.metrics;
+        let visible = "kpulse_aggregator_ingest_to_visible_seconds";
+        let in_server = "kpulse_aggregator_ingest_received_to_visible_seconds";
+        Ok(Sample {
+            secs: elapsed.as_secs_f64(),
+            cpu_secs: cpu1 - begun.cpu,
+            loadgen_cpu_secs: lg1 - begun.loadgen_cpu,
+            rss_mib: rss,
+            hwm_mib: hwm,
+            fds,
+            tcp_kib,
+            batches: delta(m0, &m1, &format!("{visible}_count")),
+            bytes: delta(m0, &m1, "kpulse_aggregator_ingest_received_bytes_total"),
+            streams: value(&m1, "kpulse_aggregator_ingest_streams"),
+            stored_nodes: value(&m1, "kpulse_aggregator_store_nodes"),
+            stored_containers: value(&m1, "kpulse_aggregator_store_containers"),
+            visible: (
+                quantile(m0, &m1, visible, "", 0.50),
+                quantile(m0, &m1, visible, "", 0.99),
+            ),
+            in_server: (
+                quantile(m0, &m1, in_server, "", 0.50),
+                quantile(m0, &m1, in_server, "", 0.99),
+            ),
+        })
+        // Dropping the processes stops them.
+    }
+}
+
+/// This build and `against` at once, each under its own load generator of the same shape,
+/// started, warmed up and measured over the same window: both share the machine alike.
+fn measure_side_by_side(
+    shape: &Shape,
+    dir: &Path,
+    bins: &harness::Binaries,
+    against: &Path,
+    stop: &Stop,
+) -> Result<(Sample, Sample)> {
+    let other = harness::Binaries {
+        server: against.to_path_buf(),
+        loadgen: bins.loadgen.clone(),
+    };
+    let (dir_a, dir_b) = (dir.join("this"), dir.join("against"));
+    for d in [&dir_a, &dir_b] {
+        std::fs::create_dir_all(d)?;
+    }
+    let mut a = Running::start(shape, &dir_a, bins, stop)?;
+    let mut b = Running::start(shape, &dir_b, &other, stop)?;
+    a.wait_streams(stop)?;
+    b.wait_streams(stop)?;
+    stop.sleep(Duration::from_secs(shape.warmup_secs))?;
+    let (begun_a, begun_b) = (a.begin()?, b.begin()?);
+    stop.sleep(Duration::from_secs(shape.measure_secs))?;
+    let sample_b = b.end(&begun_b)?;
+    let sample_a = a.end(&begun_a)?;
+    Ok((sample_a, sample_b))
+}
+
+/// The table's rows for one run; `runs` is how many ran at once (the host's TCP memory is
+/// every run's).
+fn rows(shape: &Shape, s: &Sample, runs: usize) -> Vec<(String, String)> {
     let mut rows: Vec<(String, String)> = Vec::new();
     let mut row = |label: &str, value: String| rows.push((label.to_owned(), value));
     row(
@@ -374,11 +490,15 @@ fn rows(shape: &Shape, s: &Sample) -> Vec<(String, String)> {
         ),
     );
     row(
-        "kernel TCP memory, the whole host (both ends of every stream)",
+        if runs > 1 {
+            "kernel TCP memory, the whole host (both ends of every stream of every run)"
+        } else {
+            "kernel TCP memory, the whole host (both ends of every stream)"
+        },
         format!(
             "{:.0} KiB ({:.2} KiB per stream)",
             s.tcp_kib,
-            s.tcp_kib / s.streams.max(1.0)
+            s.tcp_kib / (s.streams * runs as f64).max(1.0)
         ),
     );
     row(

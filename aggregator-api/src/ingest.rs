@@ -106,9 +106,12 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 const RESPONSE_FRAMES: usize = 2;
 /// Connections beyond `--max-agent-streams`, so that refusals (429) can still be told.
 const EXTRA_CONNECTIONS: usize = 64;
-/// Open files kept for all but the agents' streams: the API port's connections, the
-/// Kubernetes client's, the kubelet scrapes (at most `kubelet::MAX_CONCURRENT`) and files.
-pub const RESERVED_FILES: u64 = 512;
+/// Open files kept for all but the agents' streams: the API port's connections (its
+/// clients are kube-apiserver's proxies, a few connections each, and scrapers; 1,024 is
+/// the default `--max-connections-per-ip`, one client's worth), the kubelet scrapes (at
+/// most [`crate::kubelet::MAX_CONCURRENT`]) and the rest (the Kubernetes client's
+/// connections, listeners, files): 256.
+pub const RESERVED_FILES: u64 = 1024 + crate::kubelet::MAX_CONCURRENT as u64 + 256;
 
 /// A stream with no message for this long is closed: `max(3 × metric_expiry, 30 s)`.
 pub fn idle_timeout(metric_expiry: Duration) -> Duration {
@@ -886,13 +889,14 @@ mod tests {
         let mut s = Settings::new(10_000, Duration::from_secs(60));
         assert_eq!(s.fit_open_files(1_048_576), None);
         assert_eq!(s.max_streams, 10_000);
-        // containerd 2's soft limit, had the server not raised it.
-        assert_eq!(s.fit_open_files(1024), Some(10_000));
-        assert_eq!(s.max_streams, 1024 - 512 - 64);
+        // This machine's hard limit.
+        assert_eq!(s.fit_open_files(20_000), None);
+        assert_eq!(s.fit_open_files(8192), Some(10_000));
+        assert_eq!(s.max_streams, 8192 - 1408 - 64);
         let conns = s.serve_limits(serve::Limits::default()).max_connections;
-        assert!(conns as u64 + RESERVED_FILES <= 1024);
-        // Never none at all.
-        assert_eq!(s.fit_open_files(10), Some(448));
+        assert!(conns as u64 + RESERVED_FILES <= 8192);
+        // containerd 2's soft limit, had the server not raised it: never none at all.
+        assert_eq!(s.fit_open_files(1024), Some(8192 - 1408 - 64));
         assert_eq!(s.max_streams, 1);
     }
 

@@ -315,43 +315,50 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
 }
 
 /// Raises the open-file limit to the hard one, as Go's runtime does for metrics-server: a
-/// container of containerd 2 starts at 1,024, and a stream is a file descriptor.
-fn raise_open_files() -> Option<kpulse_process::limits::OpenFiles> {
+/// container of containerd 2 starts at 1,024, and a stream is a file descriptor. The limit
+/// in force, raised or not.
+fn raise_open_files() -> Option<u64> {
     match kpulse_process::limits::raise_open_files() {
         Ok(files) => {
-            tracing::info!(
-                inherited = files.inherited,
-                now = files.soft,
-                "open-file limit raised to the hard limit"
-            );
-            Some(files)
+            if files.soft > files.inherited {
+                tracing::info!(
+                    inherited = files.inherited,
+                    now = files.soft,
+                    "open-file limit raised to the hard limit"
+                );
+            }
+            Some(files.soft)
         }
         Err(e) => {
             tracing::warn!(error = %e, "open-file limit left as inherited");
-            None
+            kpulse_process::limits::open_files().ok()
         }
     }
 }
 
-/// The agents' port's limits: `--max-agent-streams`, within what the open-file limit leaves
-/// room for.
-fn ingest_settings(
-    cfg: &Config,
-    files: Option<kpulse_process::limits::OpenFiles>,
-) -> ingest::Settings {
+/// Below this many streams, an open-file limit that lowers `--max-agent-streams` is worth a
+/// warning even at its default: it caps the cluster's size, not a bound no cluster reaches.
+const FEW_STREAMS: usize = 10_000;
+
+/// The agents' port's limits: `--max-agent-streams`, within what the open-file limit
+/// `open_files` leaves room for.
+fn ingest_settings(cfg: &Config, open_files: Option<u64>) -> ingest::Settings {
     let mut settings = ingest::Settings::new(cfg.max_agent_streams, cfg.metric_expiry);
-    let Some(files) = files else {
+    let Some(open_files) = open_files else {
         return settings;
     };
-    match settings.fit_open_files(files.soft) {
-        // The default is above any cluster: that a host's limit is below it says nothing.
-        Some(ingest::DEFAULT_MAX_STREAMS) => tracing::info!(
-            open_files = files.soft,
-            streams = settings.max_streams,
-            "agent streams bounded by the open-file limit"
-        ),
+    match settings.fit_open_files(open_files) {
+        // The default is above any cluster: that a host's limit is below it says nothing
+        // unless the room left is small.
+        Some(ingest::DEFAULT_MAX_STREAMS) if settings.max_streams >= FEW_STREAMS => {
+            tracing::info!(
+                open_files,
+                streams = settings.max_streams,
+                "agent streams bounded by the open-file limit"
+            )
+        }
         Some(asked) => tracing::warn!(
-            open_files = files.soft,
+            open_files,
             max_agent_streams = asked,
             streams = settings.max_streams,
             "the open-file limit leaves room for fewer agent streams than \

@@ -178,9 +178,21 @@ fn start_server(dir: PathBuf, args: &[String], env: &[(&str, &str)]) -> Server {
 /// [`start_server`] with the soft open-file limit at `soft` (a container of containerd 2
 /// starts at 1,024), the hard one inherited.
 fn start_server_with_soft_nofile(dir: PathBuf, args: &[String], soft: u64) -> Server {
+    start_server_with_nofile(dir, args, soft, None)
+}
+
+/// [`start_server`] with the soft open-file limit at `soft` and the hard one lowered to
+/// `hard` (lowering needs no privilege).
+fn start_server_with_nofile(dir: PathBuf, args: &[String], soft: u64, hard: Option<u64>) -> Server {
+    // The soft limit first: a hard one below the soft one in force is refused.
+    let hard = hard.map_or(String::new(), |h| format!(" && ulimit -Hn {h}"));
     let mut cmd = Command::new("bash");
-    cmd.args(["-c", &format!("ulimit -Sn {soft} && exec \"$@\""), "server"])
-        .arg(env!("CARGO_BIN_EXE_kpulse-aggregator-api"));
+    cmd.args([
+        "-c",
+        &format!("ulimit -Sn {soft}{hard} && exec \"$@\""),
+        "server",
+    ])
+    .arg(env!("CARGO_BIN_EXE_kpulse-aggregator-api"));
     launch(dir, cmd, args, &[])
 }
 
@@ -940,8 +952,8 @@ fn open_file_limits(pid: u32) -> (u64, u64) {
 async fn the_open_file_limit_is_raised_and_bounds_the_agent_streams() {
     let (_, hard) = open_file_limits(std::process::id());
     assert!(
-        hard > 1024,
-        "this test needs a hard open-file limit above 1,024"
+        hard > 2048,
+        "this test needs a hard open-file limit above 2,048 (it is {hard})"
     );
     let dir = temp_dir("nofile");
     let api = ReviewApi::standard();
@@ -957,7 +969,7 @@ async fn the_open_file_limit_is_raised_and_bounds_the_agent_streams() {
     let s = start_server_with_soft_nofile(dir, &args, 1024);
     // Raised before the ports are bound.
     assert_eq!(open_file_limits(s.child.id()), (hard, hard));
-    let streams = hard - 512 - 64;
+    let streams = hard - 1408 - 64;
     let deadline = Instant::now() + Duration::from_secs(10);
     let log = loop {
         let log = s.log_text();
@@ -997,14 +1009,41 @@ async fn the_open_file_limit_is_raised_and_bounds_the_agent_streams() {
         assert!(Instant::now() < deadline, "{log}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert!(!log.contains("fewer agent streams"), "{log}");
-    if hard < 150_000 + 512 + 64 {
+    if streams >= 10_000 {
+        assert!(!log.contains("fewer agent streams"), "{log}");
+    }
+    if hard < 150_000 + 1408 + 64 && streams >= 10_000 {
         assert!(
             log.contains("agent streams bounded by the open-file limit")
                 && log.contains(&format!("streams={streams}")),
             "{log}"
         );
     }
+    drop(s);
+
+    // A hard limit that leaves room for few streams is a warning, even at the default.
+    let dir = temp_dir("nofile-small");
+    let args = strings(&[
+        "--authentication-skip-lookup",
+        "--kubeconfig",
+        api.kubeconfig(&dir).to_str().expect("utf8"),
+    ]);
+    let s = start_server_with_nofile(dir, &args, 1024, Some(4096));
+    assert_eq!(open_file_limits(s.child.id()), (4096, 4096));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = s.log_text();
+        if log.contains("fewer agent streams") {
+            break log;
+        }
+        assert!(Instant::now() < deadline, "{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        log.contains("max_agent_streams=150000")
+            && log.contains(&format!("streams={}", 4096 - 1408 - 64)),
+        "{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

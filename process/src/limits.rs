@@ -26,6 +26,16 @@ pub struct LimitError {
     source: nix::Error,
 }
 
+/// The soft open-file limit in force.
+pub fn open_files() -> Result<u64, LimitError> {
+    getrlimit(Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .map_err(|source| LimitError {
+            action: "read",
+            source,
+        })
+}
+
 /// Raises the soft open-file limit to the hard one, as Go's runtime does, and says what it
 /// was and is.
 pub fn raise_open_files() -> Result<OpenFiles, LimitError> {

@@ -6,7 +6,9 @@
 //! containers a pod, and batches a second in all (each agent's interval is `streams /
 //! rate`, so that many streams fit this machine at a reduced rate). The nine runs of the L9
 //! orthogonal array cover them: every level of every factor three times, every pair of
-//! levels of two factors once, so no factor's effect hides behind another's. Each pass runs
+//! levels of two factors once. (Orthogonal in the factors, not in the models' columns,
+//! which are products of them: the per-pod and per-container estimates are correlated, and
+//! their sum for a pod is what the design determines best.) Each pass runs
 //! the nine in an order shuffled by `--seed`; `--passes` passes, so the runs of a point are
 //! spread over the whole measurement and a drift of the machine lands on every point alike.
 //!
@@ -15,6 +17,10 @@
 //! - CPU: `cores = e + f·streams + g·batches/s + h·pods/s + i·containers/s` (pods and
 //!   containers carried by the batches made visible);
 //! - file descriptors and the host's TCP memory: `a + b·streams`.
+//!
+//! **Lack of fit**: each point runs once a pass, so the scatter of a point's runs tells how
+//! far the model misses beyond the noise (an F statistic and the worst point's miss); a
+//! large F says the intervals are too narrow.
 //!
 //! **Predictions** at the sizes of scale.md, each agent at its 1 s: the fitted mean with its
 //! interval under the model. They are extrapolations past the streams measured, resting on
@@ -154,13 +160,22 @@ pub fn run(opts: &Options) -> Result<()> {
         );
         let dir = scratch.dir.join(format!("run-{i:02}"));
         std::fs::create_dir_all(&dir)?;
-        match bench_ingest::measure(&shape, &dir, &bins, &stop) {
-            Ok(sample) => runs.push(Run {
+        let run = bench_ingest::measure(&shape, &dir, &bins, &stop).and_then(|sample| {
+            let run = Run {
                 pass: *pass,
                 point: *point,
                 shape,
                 sample,
-            }),
+            };
+            check(&run)?;
+            Ok(run)
+        });
+        match run {
+            Ok(run) => {
+                // As it comes: a later failure loses no run.
+                eprintln!("{}", row(&run));
+                runs.push(run);
+            }
             Err(e) => {
                 scratch.keep();
                 return Err(e.context(format!("run {} (point {})", i + 1, point + 1)));
@@ -236,6 +251,41 @@ fn cpu_row(streams: f64, batches: f64, pods: f64, containers: f64) -> Vec<f64> {
     ]
 }
 
+/// A run had every stream open and every node and container stored.
+fn check(r: &Run) -> Result<()> {
+    let containers = (r.shape.nodes * r.shape.pods * r.shape.containers) as f64;
+    ensure!(
+        (r.sample.streams - r.shape.nodes as f64).abs() < 0.5
+            && (r.sample.stored_nodes - r.shape.nodes as f64).abs() < 0.5
+            && (r.sample.stored_containers - containers).abs() < 0.5,
+        "{} streams open, {} nodes and {} containers stored, not {} and {containers}",
+        r.sample.streams,
+        r.sample.stored_nodes,
+        r.sample.stored_containers,
+        r.shape.nodes
+    );
+    Ok(())
+}
+
+/// A run's row of the runs' table.
+fn row(r: &Run) -> String {
+    format!(
+        "| {} | {} | {:.0} | {} | {} | {} ms | {:.0} | {:.3} | {:.0} | {} | {:.0} | {} |",
+        r.pass + 1,
+        r.point + 1,
+        r.sample.streams,
+        r.shape.pods,
+        r.shape.containers,
+        r.shape.resolution_ms,
+        r.sample.batches_per_sec(),
+        r.sample.cores(),
+        r.sample.rss_mib,
+        r.sample.fds,
+        r.sample.tcp_kib,
+        harness::ms(r.sample.in_server.1)
+    )
+}
+
 /// The runs, the fits and the predictions, as Markdown.
 fn report(opts: &Options, runs: &[Run]) -> Result<String> {
     use std::fmt::Write;
@@ -251,65 +301,29 @@ fn report(opts: &Options, runs: &[Run]) -> Result<String> {
     )?;
     writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|")?;
     for r in runs {
-        writeln!(
-            out,
-            "| {} | {} | {:.0} | {} | {} | {} ms | {:.0} | {:.3} | {:.0} | {} | {:.0} | {} |",
-            r.pass + 1,
-            r.point + 1,
-            r.sample.streams,
-            r.shape.pods,
-            r.shape.containers,
-            r.shape.resolution_ms,
-            r.sample.batches_per_sec(),
-            r.sample.cores(),
-            r.sample.rss_mib,
-            r.sample.fds,
-            r.sample.tcp_kib,
-            harness::ms(r.sample.in_server.1)
-        )?;
-    }
-    for r in runs {
-        let containers = (r.shape.nodes * r.shape.pods * r.shape.containers) as f64;
-        ensure!(
-            (r.sample.streams - r.shape.nodes as f64).abs() < 0.5
-                && (r.sample.stored_nodes - r.shape.nodes as f64).abs() < 0.5
-                && (r.sample.stored_containers - containers).abs() < 0.5,
-            "run of point {}: {} streams open, {} nodes and {} containers stored, not {} and \
-             {containers}",
-            r.point + 1,
-            r.sample.streams,
-            r.sample.stored_nodes,
-            r.sample.stored_containers,
-            r.shape.nodes
-        );
+        writeln!(out, "{}", row(r))?;
     }
     let per_node = |r: &Run| (r.shape.pods as f64, r.shape.containers as f64);
-    let memory = Fit::least_squares(
-        &runs
-            .iter()
-            .map(|r| {
-                let (p, c) = per_node(r);
-                memory_row(
-                    r.sample.streams,
-                    r.sample.streams * p,
-                    r.sample.streams * p * c,
-                )
-            })
-            .collect::<Vec<_>>(),
-        &runs.iter().map(|r| r.sample.rss_mib).collect::<Vec<_>>(),
-    )
-    .context("memory")?;
-    let cpu = Fit::least_squares(
-        &runs
-            .iter()
-            .map(|r| {
-                let (p, c) = per_node(r);
-                cpu_row(r.sample.streams, r.sample.batches_per_sec(), p, c)
-            })
-            .collect::<Vec<_>>(),
-        &runs.iter().map(|r| r.sample.cores()).collect::<Vec<_>>(),
-    )
-    .context("CPU")?;
+    let points: Vec<usize> = runs.iter().map(|r| r.point).collect();
+    let memory_x: Vec<Vec<f64>> = runs
+        .iter()
+        .map(|r| {
+            let (p, c) = per_node(r);
+            let n = r.sample.streams;
+            memory_row(n, n * p, n * p * c)
+        })
+        .collect();
+    let memory_y: Vec<f64> = runs.iter().map(|r| r.sample.rss_mib).collect();
+    let memory = Fit::least_squares(&memory_x, &memory_y).context("memory")?;
+    let cpu_x: Vec<Vec<f64>> = runs
+        .iter()
+        .map(|r| {
+            let (p, c) = per_node(r);
+            cpu_row(r.sample.streams, r.sample.batches_per_sec(), p, c)
+        })
+        .collect();
+    let cpu_y: Vec<f64> = runs.iter().map(|r| r.sample.cores()).collect();
+    let cpu = Fit::least_squares(&cpu_x, &cpu_y).context("CPU")?;
     let per_stream = |y: fn(&Sample) -> f64| -> Result<Fit> {
         Fit::least_squares(
             &runs
@@ -363,6 +377,26 @@ fn report(opts: &Options, runs: &[Run]) -> Result<String> {
         out,
         "| residual sd / R² | memory {:.0} MiB / {:.3}; CPU {:.3} cores / {:.3}; fds {:.1} / {:.4}; TCP {:.0} KiB / {:.3} |",
         memory.residual_sd, memory.r2, cpu.residual_sd, cpu.r2, fds.residual_sd, fds.r2, tcp.residual_sd, tcp.r2
+    )?;
+    let lof = |fit: &Fit, x: &[Vec<f64>], y: &[f64], unit: &str, scale: f64| {
+        fit.lack_of_fit(x, y, &points)
+            .map_or("no repeated points".to_owned(), |l| {
+                format!(
+                    "F = {:.1} on ({}, {}); the worst point's mean {:.3} {unit} off",
+                    l.f,
+                    l.df.0,
+                    l.df.1,
+                    l.worst * scale
+                )
+            })
+    };
+    writeln!(
+        out,
+        "| lack of fit (the points' means against their runs' scatter; a large F: the model \
+         misses by more than the runs vary, and the intervals above are too narrow) | memory: \
+         {}; CPU: {} |",
+        lof(&memory, &memory_x, &memory_y, "MiB", 1.0),
+        lof(&cpu, &cpu_x, &cpu_y, "cores", 1.0)
     )?;
     writeln!(
         out,

@@ -7,7 +7,10 @@
 //! utime+stime, so the load generator's own CPU is not counted), its RSS (`VmRSS`, peak
 //! `VmHWM`), bytes received per node per second and the ingest→visible latency histogram
 //! (`/metrics`, differences between the start and the end of the window). Prints a Markdown
-//! table for docs/benchmarks.md. With `--against BINARY` another server binary (an earlier
+//! table for docs/benchmarks.md. The window starts once every stream is up (an error if
+//! they are not within the ramp and 120 s), and the server keeps a node for three of its
+//! intervals (`--metric-expiry`, at least the default 10 s), as at the agent's 1 s. With
+//! `--against BINARY` another server binary (an earlier
 //! build) runs at the same time under its own load generator of the same shape, over the
 //! same window: a side by side in which both share the machine alike.
 

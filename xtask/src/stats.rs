@@ -127,6 +127,43 @@ impl Fit {
         })
     }
 
+    /// The fitted value at `x`.
+    pub fn fitted(&self, x: &[f64]) -> f64 {
+        x.iter().zip(&self.coef).map(|(a, b)| a * b).sum()
+    }
+
+    /// How far the model is from the data beyond the runs' own scatter, when the rows
+    /// repeat design points (`point[i]` is row `i`'s): the lack-of-fit F statistic (the
+    /// misfit of the points' means against the scatter within them) with its degrees of
+    /// freedom, and the largest distance of a point's mean from the fit. `None` without
+    /// repeats, or without more points than coefficients.
+    pub fn lack_of_fit(&self, x: &[Vec<f64>], y: &[f64], point: &[usize]) -> Option<LackOfFit> {
+        let n = y.len();
+        let mut groups: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+        for (i, p) in point.iter().enumerate().take(n) {
+            groups.entry(*p).or_default().push(i);
+        }
+        let (m, k) = (groups.len(), self.coef.len());
+        if m <= k || n <= m {
+            return None;
+        }
+        let (mut pure, mut misfit, mut worst) = (0.0, 0.0, 0.0f64);
+        for rows in groups.values() {
+            let ys: Vec<f64> = rows.iter().map(|&i| y[i]).collect();
+            let mean_y = mean(&ys);
+            pure += ys.iter().map(|v| (v - mean_y).powi(2)).sum::<f64>();
+            let mean_fit = mean(&rows.iter().map(|&i| self.fitted(&x[i])).collect::<Vec<_>>());
+            misfit += rows.len() as f64 * (mean_y - mean_fit).powi(2);
+            worst = worst.max((mean_y - mean_fit).abs());
+        }
+        let (df_misfit, df_pure) = (m - k, n - m);
+        Some(LackOfFit {
+            f: (misfit / df_misfit as f64) / (pure / df_pure as f64),
+            df: (df_misfit, df_pure),
+            worst,
+        })
+    }
+
     /// Coefficient `j` and its 95 % confidence interval.
     pub fn coefficient(&self, j: usize) -> (f64, f64, f64) {
         let half = t975(self.df) * self.cov[(j, j)].max(0.0).sqrt();
@@ -138,11 +175,22 @@ impl Fit {
     /// from the fitted points).
     pub fn predict(&self, x: &[f64]) -> (f64, f64, f64) {
         let xv = DVector::from_column_slice(x);
-        let y: f64 = x.iter().zip(&self.coef).map(|(a, b)| a * b).sum();
+        let y = self.fitted(x);
         let var = (xv.transpose() * &self.cov * &xv)[(0, 0)];
         let half = t975(self.df) * var.max(0.0).sqrt();
         (y, y - half, y + half)
     }
+}
+
+/// [`Fit::lack_of_fit`]'s answer.
+#[derive(Clone, Copy, Debug)]
+pub struct LackOfFit {
+    /// The F statistic: large when the model misses the points by more than their scatter.
+    pub f: f64,
+    /// Its degrees of freedom: (points − coefficients, rows − points).
+    pub df: (usize, usize),
+    /// The largest distance of a point's mean from the fit.
+    pub worst: f64,
 }
 
 #[cfg(test)]
@@ -175,6 +223,27 @@ mod tests {
         let y: Vec<f64> = x.iter().map(|r| 3.0 + 2e-6 * r[1] + 0.5 * r[2]).collect();
         let fit = Fit::least_squares(&x, &y)?;
         assert!((fit.coef[1] - 2e-6).abs() < 1e-15 && (fit.coef[2] - 0.5).abs() < 1e-9);
+        // A straight line through points on a parabola, each measured twice with ±0.01 of
+        // scatter: the line is 3x − 1, its residuals ±1 at every point; misfit 2 · 4 over
+        // 2 df against a scatter of 8 · 0.0001 over 4: F = 4 / 0.0002.
+        let xs = [0.0, 1.0, 2.0, 3.0];
+        let x: Vec<Vec<f64>> = xs
+            .iter()
+            .flat_map(|&v| [vec![1.0, v], vec![1.0, v]])
+            .collect();
+        let y: Vec<f64> = xs
+            .iter()
+            .flat_map(|&v| [v * v + 0.01, v * v - 0.01])
+            .collect();
+        let point: Vec<usize> = (0..4).flat_map(|p| [p, p]).collect();
+        let fit = Fit::least_squares(&x, &y)?;
+        let lof = fit.lack_of_fit(&x, &y, &point).context("repeated points")?;
+        assert_eq!(lof.df, (2, 4));
+        assert!(
+            (lof.f - 20_000.0).abs() < 1e-6 && (lof.worst - 1.0).abs() < 1e-9,
+            "{lof:?}"
+        );
+        assert!(fit.lack_of_fit(&x, &y, &[0, 1, 2, 3, 4, 5, 6, 7]).is_none());
         // Collinear columns, and too few rows, are errors.
         let x: Vec<Vec<f64>> = (0..4)
             .map(|i| vec![f64::from(i), 2.0 * f64::from(i)])

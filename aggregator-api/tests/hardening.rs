@@ -933,6 +933,19 @@ async fn malformed_and_oversized_agent_frames_are_refused() {
 // ---------------------------------------------------------------------------------------
 // Limits of the binary, with its defaults and flags.
 
+/// The server's log once `ready` holds for it, within 10 s (the log as it is then, for the
+/// assertions that follow, if not).
+async fn log_once(s: &Server, ready: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = s.log_text();
+        if ready(&log) || Instant::now() > deadline {
+            return log;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// `Max open files` of `/proc/<pid>/limits`: (soft, hard).
 fn open_file_limits(pid: u32) -> (u64, u64) {
     let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
@@ -970,14 +983,7 @@ async fn the_open_file_limit_is_raised_and_bounds_the_agent_streams() {
     // Raised before the ports are bound.
     assert_eq!(open_file_limits(s.child.id()), (hard, hard));
     let streams = hard - 1408 - 64;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let log = loop {
-        let log = s.log_text();
-        if log.contains("fewer agent streams") || Instant::now() > deadline {
-            break log;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let log = log_once(&s, |l| l.contains("fewer agent streams")).await;
     assert!(
         log.contains("open-file limit raised to the hard limit")
             && log.contains("inherited=1024")
@@ -1000,15 +1006,10 @@ async fn the_open_file_limit_is_raised_and_bounds_the_agent_streams() {
         api.kubeconfig(&dir).to_str().expect("utf8"),
     ]);
     let s = start_server_with_soft_nofile(dir, &args, 1024);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let log = loop {
-        let log = s.log_text();
-        if log.contains("serving agents' streams") && log.contains("kubelet fallback") {
-            break log;
-        }
-        assert!(Instant::now() < deadline, "{log}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let log = log_once(&s, |l| {
+        l.contains("serving agents' streams") && l.contains("kubelet fallback")
+    })
+    .await;
     if streams >= 10_000 {
         assert!(!log.contains("fewer agent streams"), "{log}");
     }
@@ -1030,15 +1031,7 @@ async fn the_open_file_limit_is_raised_and_bounds_the_agent_streams() {
     ]);
     let s = start_server_with_nofile(dir, &args, 1024, Some(4096));
     assert_eq!(open_file_limits(s.child.id()), (4096, 4096));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let log = loop {
-        let log = s.log_text();
-        if log.contains("fewer agent streams") {
-            break log;
-        }
-        assert!(Instant::now() < deadline, "{log}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let log = log_once(&s, |l| l.contains("fewer agent streams")).await;
     assert!(
         log.contains("max_agent_streams=150000")
             && log.contains(&format!("streams={}", 4096 - 1408 - 64)),

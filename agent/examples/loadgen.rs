@@ -162,6 +162,40 @@ struct Args {
     /// The CA of `--apiserver`'s serving certificate (PEM).
     #[arg(long, requires = "apiserver")]
     apiserver_ca: Option<PathBuf>,
+    /// Agents of a `--fleet`: only the file's nodes `I`, `I + N`, `I + 2N`, … (`I/N`), so
+    /// that `N` processes, each within its own open-file limit, stream as one fleet
+    /// together.
+    #[arg(long, requires = "fleet", value_parser = parse_shard)]
+    shard: Option<Shard>,
+}
+
+/// `--shard I/N`: this process's part of a fleet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shard {
+    index: usize,
+    count: usize,
+}
+
+impl Shard {
+    fn keeps(self, i: usize) -> bool {
+        i % self.count == self.index
+    }
+}
+
+fn parse_shard(s: &str) -> Result<Shard, String> {
+    let (i, n) = s
+        .split_once('/')
+        .ok_or_else(|| format!("`{s}` is not I/N"))?;
+    let number = |x: &str| {
+        x.trim()
+            .parse::<usize>()
+            .map_err(|e| format!("`{x}` in `{s}`: {e}"))
+    };
+    let (index, count) = (number(i)?, number(n)?);
+    if index >= count {
+        return Err(format!("`{s}`: I must be below N"));
+    }
+    Ok(Shard { index, count })
 }
 
 fn main() -> Result<()> {
@@ -173,6 +207,8 @@ fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    // Thousands of streams: as many sockets as the hard limit allows, as the server does.
+    kpulse_process::limits::raise_open_files().context("open-file limit")?;
     let ca = Ca::load_or_create(&args.ca_dir)?;
     if args.init_only {
         return ca.write_user(&args.ca_dir, READER_USER);
@@ -548,7 +584,9 @@ async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()>
         match &args.fleet {
             Some(path) => read_fleet(path)?
                 .into_iter()
-                .map(|n| {
+                .enumerate()
+                .filter(|(i, _)| args.shard.is_none_or(|s| s.keeps(*i)))
+                .map(|(_, n)| {
                     let token = Credentials::Token(n.token.as_str().into());
                     let watch = match (&args.apiserver, &apiserver_ca) {
                         (Some(url), Some(ca)) => {
@@ -801,4 +839,32 @@ async fn reader(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<boo
     let summary = read::run(opts, sim, client, stop).await?;
     println!("{summary}");
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_keeps_every_nth_node_from_its_index() {
+        let s = parse_shard("1/3").expect("a shard");
+        assert_eq!(s, Shard { index: 1, count: 3 });
+        let kept: Vec<usize> = (0..8).filter(|&i| s.keeps(i)).collect();
+        assert_eq!(kept, [1, 4, 7]);
+        // Every node in exactly one shard of N.
+        for i in 0..20 {
+            let owners = (0..3)
+                .filter(|&k| Shard { index: k, count: 3 }.keeps(i))
+                .count();
+            assert_eq!(owners, 1, "node {i}");
+        }
+    }
+
+    #[test]
+    fn a_shard_out_of_range_or_malformed_is_refused() {
+        for bad in ["3/3", "0/0", "1", "a/2", "1/-2", ""] {
+            assert!(parse_shard(bad).is_err(), "{bad}");
+        }
+        assert!(parse_shard("0/1").is_ok());
+    }
 }

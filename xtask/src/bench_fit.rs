@@ -204,7 +204,7 @@ fn shape(opts: &Options, l: [usize; 4]) -> Shape {
 }
 
 /// This process's hard open-file limit (what its children may raise theirs to).
-fn open_file_limit() -> Result<u64> {
+pub(crate) fn open_file_limit() -> Result<u64> {
     let text = std::fs::read_to_string("/proc/self/limits").context("/proc/self/limits")?;
     let line = text
         .lines()

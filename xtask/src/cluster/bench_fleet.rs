@@ -84,6 +84,15 @@ pub struct Options {
     /// Reads of each kind in the reads phase.
     #[arg(long, default_value_t = 20)]
     reads: usize,
+    /// Load generator processes the fleet's agents are split over: at least this many,
+    /// and as many as their open files need (a stream a node and replica, a pod watch a
+    /// node) under the hard open-file limit.
+    #[arg(long, default_value_t = 1)]
+    agent_processes: usize,
+    /// Each agent's tick interval (the agent's `--resolution`), in milliseconds: above
+    /// 1,000 to keep thousands of agents within this machine's two cores.
+    #[arg(long, default_value_t = 1000)]
+    resolution_ms: u64,
     /// The aggregator-api's memory limit during the benchmark (deploy/'s 512Mi holds about
     /// a thousand nodes of 30 pods).
     #[arg(long, default_value = "4Gi")]
@@ -99,16 +108,15 @@ pub fn run(opts: &Options, dirs: &Dirs, kubectl: &Path, release: &versions::Rele
         "--rounds must be at least 2 (an interval needs two pairs); --window-secs and --reads \
          positive"
     );
+    ensure!(
+        opts.agent_processes > 0 && opts.resolution_ms >= 100,
+        "--agent-processes must be positive and --resolution-ms at least 100"
+    );
     harness::require_curl("bench-fleet")?;
     let bins = harness::release_binaries(opts.no_build)?;
     let scratch = harness::Scratch::new("bench-fleet")?;
     let stop = Stop::install()?;
     let agents_file = scratch.dir.join("agents.json");
-    {
-        let rt = fleet::runtime()?;
-        let client = rt.block_on(fleet::client(&dirs.kubeconfig()))?;
-        fleet::make(&opts.shape, Some(&agents_file), dirs, release, &rt, &client)?;
-    }
     let ctx = Ctx::new(dirs, kubectl.to_path_buf());
     let bench = Bench {
         opts,
@@ -119,9 +127,18 @@ pub fn run(opts: &Options, dirs: &Dirs, kubectl: &Path, release: &versions::Rele
         stop: &stop,
     };
     let saved = bench.saved()?;
-    // Put back whenever the patch was tried: a failed rollout or a stop leaves it applied.
+    // kpulse off while the fleet is made: its replicas would scrape every new node's
+    // kubelet (kwok), whose agent is silent, on the two cores kwok needs to mark the
+    // fleet's pods Running. Put back whenever this was tried: a failed rollout or a stop
+    // leaves the patch applied.
     let result = bench
-        .patch_deployment(&saved)
+        .scale(0)
+        .and_then(|()| {
+            let rt = fleet::runtime()?;
+            let client = rt.block_on(fleet::client(&dirs.kubeconfig()))?;
+            fleet::make(&opts.shape, Some(&agents_file), dirs, release, &rt, &client)
+        })
+        .and_then(|()| bench.patch_deployment(&saved))
         .and_then(|()| bench.measure(&saved));
     let restored = bench.restore(&saved);
     match (result, restored) {
@@ -532,7 +549,7 @@ impl Bench<'_> {
     /// New replicas (the old ones, if any, gone first: every "on" arm starts alike) with the
     /// fleet's agents streaming, every replica ready; the agents, their summary file, the
     /// seconds from their start to every replica ready, and the counters before they started.
-    fn start_on(&self, saved: &Saved) -> Result<(Proc, PathBuf, f64, Sample)> {
+    fn start_on(&self, saved: &Saved) -> Result<(Agents, f64, Sample)> {
         self.scale(0)?;
         self.wait_replicas("gone", <[Replica]>::is_empty)?;
         self.ensure_apiservices(saved)?;
@@ -547,7 +564,6 @@ impl Bench<'_> {
             .map(|ip| format!("{ip}:8444"))
             .collect();
         let before = self.sample()?;
-        let summary = self.dir.join("loadgen.out");
         let mut args = vec![
             "--ca-dir".to_owned(),
             self.dir.join("ca").display().to_string(),
@@ -559,23 +575,24 @@ impl Bench<'_> {
             self.ctx.dirs.pki.join("ca.crt").display().to_string(),
             "--ramp-secs".to_owned(),
             self.opts.ramp_secs.to_string(),
+            "--resolution-ms".to_owned(),
+            self.opts.resolution_ms.to_string(),
         ];
         for s in &servers {
             args.extend(["--server".to_owned(), s.clone()]);
         }
-        let mut proc = Proc::spawn(
-            "the fleet's agents (loadgen)",
+        let mut agents = Agents::spawn(
             self.loadgen,
             &args,
-            false,
-            &self.dir.join("loadgen.log"),
-            Some(&summary),
+            (self.opts.shape.nodes, servers.len()),
+            self.opts.agent_processes,
+            self.dir,
         )?;
         let started = Instant::now();
         let deadline = started + PHASE_LIMIT;
         loop {
             self.stop.check()?;
-            proc.check_running()?;
+            agents.check_running()?;
             let r = self.replicas()?;
             if r.len() as u64 == saved.on_replicas() && r.iter().all(|r| r.ready) {
                 break;
@@ -586,11 +603,11 @@ impl Bench<'_> {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
-        Ok((proc, summary, started.elapsed().as_secs_f64(), before))
+        Ok((agents, started.elapsed().as_secs_f64(), before))
     }
 
     fn on_arm(&self, saved: &Saved, round: usize) -> Result<(Cost, OnArm)> {
-        let (mut proc, summary, start_to_ready, before) = self.start_on(saved)?;
+        let (mut agents, start_to_ready, before) = self.start_on(saved)?;
         let ready = self.sample()?;
         let mut arm = OnArm {
             start_to_ready,
@@ -603,15 +620,12 @@ impl Bench<'_> {
         let a = self.sample()?;
         self.stop
             .sleep(Duration::from_secs(self.opts.window_secs))?;
-        proc.check_running()?;
+        agents.check_running()?;
         let b = self.sample()?;
         let cost = self.cost(&a, &b)?;
         arm.restart = self.restart(round)?;
-        proc.check_running()?;
-        proc.signal("TERM")?;
-        proc.wait_for(Duration::from_secs(120))?
-            .context("the fleet's agents did not stop within 120 s")?;
-        arm.summary = harness::read_summary(&summary)?;
+        agents.check_running()?;
+        arm.summary = agents.stop()?;
         Ok((cost, arm))
     }
 
@@ -698,7 +712,7 @@ impl Bench<'_> {
 
     /// The reads phase: kpulse on, every kind of read `--reads` times, interleaved.
     fn reads(&self, saved: &Saved) -> Result<Vec<Reads>> {
-        let (mut proc, summary, _, _) = self.start_on(saved)?;
+        let (mut agents, _, _) = self.start_on(saved)?;
         self.stop
             .sleep(Duration::from_secs(self.opts.settle_secs))?;
         let ns = fleet::Shape::first_namespace();
@@ -745,14 +759,11 @@ impl Bench<'_> {
         for _ in 0..self.opts.reads {
             for kind in &mut kinds {
                 self.stop.check()?;
-                proc.check_running()?;
+                agents.check_running()?;
                 kind.once(self)?;
             }
         }
-        proc.signal("TERM")?;
-        proc.wait_for(Duration::from_secs(120))?
-            .context("the fleet's agents did not stop within 120 s")?;
-        harness::read_summary(&summary)?;
+        agents.stop()?;
         Ok(kinds)
     }
 
@@ -765,7 +776,7 @@ impl Bench<'_> {
         let mut out = format!(
             "### {} kwok nodes × {} pods × {} containers, {} namespaces (`cargo xtask cluster \
              bench-fleet --nodes {} --pods {} --containers {} --namespaces {} --rounds {} \
-             --window-secs {}`, commit {})\n\n",
+             --window-secs {} --resolution-ms {}`, commit {})\n\n",
             shape.nodes,
             shape.pods,
             shape.containers,
@@ -776,6 +787,7 @@ impl Bench<'_> {
             shape.namespaces,
             opts.rounds,
             opts.window_secs,
+            opts.resolution_ms,
             commit.trim(),
         );
         let cell = |v: Vec<f64>, scale: f64, digits: usize| {
@@ -884,6 +896,115 @@ struct Replica {
     ip: Option<String>,
     ready: bool,
     container: Option<String>,
+}
+
+/// Open files each load generator process keeps below its hard limit for what is not a
+/// fleet connection (a stream a node and replica, a pod watch a node).
+const LOADGEN_FILE_ROOM: u64 = 1_000;
+
+/// The fleet's agents: as many load generator processes (`--shard I/N`) as their
+/// connections need under the hard open-file limit each inherits.
+struct Agents {
+    procs: Vec<(Proc, PathBuf)>,
+}
+
+impl Agents {
+    /// `nodes` agents streaming to `replicas` replicas, over at least `at_least`
+    /// processes.
+    fn spawn(
+        loadgen: &Path,
+        args: &[String],
+        (nodes, replicas): (usize, usize),
+        at_least: usize,
+        dir: &Path,
+    ) -> Result<Agents> {
+        let limit = crate::bench_fit::open_file_limit()?;
+        let count = processes(nodes, replicas, limit)?
+            .max(at_least)
+            .min(nodes.max(1));
+        let mut procs = Vec::with_capacity(count);
+        for i in 0..count {
+            let summary = dir.join(format!("loadgen-{i}.out"));
+            let mut args = args.to_vec();
+            args.extend(["--shard".to_owned(), format!("{i}/{count}")]);
+            let proc = Proc::spawn(
+                &format!("the fleet's agents (loadgen {i}/{count})"),
+                loadgen,
+                &args,
+                false,
+                &dir.join(format!("loadgen-{i}.log")),
+                Some(&summary),
+            )?;
+            procs.push((proc, summary));
+        }
+        Ok(Agents { procs })
+    }
+
+    fn check_running(&mut self) -> Result<()> {
+        self.procs
+            .iter_mut()
+            .try_for_each(|(p, _)| p.check_running())
+    }
+
+    /// Stops every process and returns their summaries added up.
+    fn stop(mut self) -> Result<Value> {
+        for (p, _) in &self.procs {
+            p.signal("TERM")?;
+        }
+        let mut summaries = Vec::with_capacity(self.procs.len());
+        for (p, summary) in &mut self.procs {
+            p.wait_for(Duration::from_secs(120))?
+                .context("the fleet's agents did not stop within 120 s")?;
+            summaries.push(harness::read_summary(summary)?);
+        }
+        Ok(add_up(&summaries))
+    }
+}
+
+/// Load generator processes for `nodes` agents streaming to `replicas` replicas and each
+/// watching its pods, under a hard open-file limit of `limit`.
+fn processes(nodes: usize, replicas: usize, limit: u64) -> Result<usize> {
+    let room = limit.saturating_sub(LOADGEN_FILE_ROOM);
+    ensure!(
+        room >= 1_000,
+        "the hard open-file limit ({limit}) leaves the load generator no room for a fleet"
+    );
+    let files = nodes as u64 * (replicas as u64 + 1);
+    Ok(usize::try_from(files.div_ceil(room).max(1))?)
+}
+
+/// Summaries of several load generators as one: numbers added, objects merged key by key
+/// (the first's other values kept).
+fn add_up(summaries: &[Value]) -> Value {
+    fn add(into: &mut Value, from: &Value) {
+        match (into, from) {
+            (Value::Number(a), Value::Number(b)) => {
+                *a = match (a.as_u64(), b.as_u64()) {
+                    (Some(x), Some(y)) => x.saturating_add(y).into(),
+                    _ => {
+                        let sum = a.as_f64().unwrap_or(0.0) + b.as_f64().unwrap_or(0.0);
+                        serde_json::Number::from_f64(sum).unwrap_or_else(|| 0.into())
+                    }
+                };
+            }
+            (Value::Object(a), Value::Object(b)) => {
+                for (k, v) in b {
+                    match a.get_mut(k) {
+                        Some(mine) => add(mine, v),
+                        None => {
+                            a.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut total = summaries.first().cloned().unwrap_or(Value::Null);
+    for s in summaries.iter().skip(1) {
+        add(&mut total, s);
+    }
+    total
 }
 
 /// The APIServices of `list` whose service is in kpulse's namespace, without what the
@@ -1114,6 +1235,33 @@ impl Reads {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_agents_are_split_over_processes_by_the_open_file_limit() -> Result<()> {
+        // 1,000 nodes to two replicas with a watch each: 3,000 files, one process.
+        assert_eq!(processes(1_000, 2, 20_000)?, 1);
+        // 10,000 nodes: 30,000 files, 19,000 a process.
+        assert_eq!(processes(10_000, 2, 20_000)?, 2);
+        assert_eq!(processes(10_000, 1, 20_000)?, 2);
+        assert_eq!(processes(10_000, 2, 524_288)?, 1);
+        assert_eq!(processes(1, 1, 4_096)?, 1);
+        assert!(processes(10, 2, 1_024).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn summaries_add_up_key_by_key() {
+        let a = json!({"produced": 10, "sent": 9, "errors": {"reset": 1}, "node": "x"});
+        let b = json!({"produced": 5, "sent": 5, "errors": {"reset": 2, "eof": 1}, "rate": 0.5});
+        let c = json!({"produced": 1, "sent": 0, "errors": {}, "rate": 0.25});
+        assert_eq!(
+            add_up(&[a.clone(), b, c]),
+            json!({"produced": 16, "sent": 14, "errors": {"reset": 3, "eof": 1},
+                   "node": "x", "rate": 0.75})
+        );
+        assert_eq!(add_up(std::slice::from_ref(&a)), a);
+        assert_eq!(add_up(&[]), Value::Null);
+    }
 
     #[test]
     fn only_kpulses_apiservices_are_saved_without_what_the_server_set() {

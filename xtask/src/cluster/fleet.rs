@@ -79,6 +79,8 @@ const GRACE_PERIOD: &str = "--node-monitor-grace-period=5m0s";
 /// Requests in flight while making or removing the fleet (the admin is in `system:masters`,
 /// which API Priority and Fairness exempts).
 const CONCURRENCY: usize = 32;
+/// kwok's workers of each kind.
+const KWOK_WORKERS: u32 = 16;
 /// Each request's timeout.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// kwok's stages (from its module, `kustomize/stage/...`): nodes become Ready and renew
@@ -444,12 +446,13 @@ fn kwok_config(serving: &pki::Pair) -> Result<String> {
             "tlsCertFile": serving.cert.display().to_string(),
             "tlsPrivateKeyFile": serving.key.display().to_string(),
             "nodeLeaseDurationSeconds": LEASE_SECONDS,
-            // Workers (kwok's own manifest's numbers; the binary's defaults are 0, which it
-            // refuses).
-            "nodeLeaseParallelism": 4,
-            "nodePlayStageParallelism": 4,
-            "podPlayStageParallelism": 4,
-            "podsOnNodeSyncParallelism": 4,
+            // Workers (the binary's defaults are 0, which it refuses). kwok's own manifest
+            // has 4 of each, which marked about 60 pods a second Running here, each worker
+            // waiting on kube-apiserver's answer: 16 keep more requests in flight.
+            "nodeLeaseParallelism": KWOK_WORKERS,
+            "nodePlayStageParallelism": KWOK_WORKERS,
+            "podPlayStageParallelism": KWOK_WORKERS,
+            "podsOnNodeSyncParallelism": KWOK_WORKERS,
             // As kwok's own in-cluster manifest: a watch per node's pods, not a paged list.
             "enablePodsOnNodeSyncListPager": false,
             "enablePodsOnNodeSyncStreamWatch": true,

@@ -5,7 +5,8 @@
 //! # One session per node
 //!
 //! A [`Session`] is the state of one node's stream: the pods it announced (uid →
-//! namespace, name, labels). [`Session::apply`] takes the messages after the Hello:
+//! namespace/name and when it became Ready; their labels are the metadata's).
+//! [`Session::apply`] takes the messages after the Hello:
 //!
 //! - **Snapshot** replaces the node's pods (in the session and in [`StreamMetadata`]);
 //! - **Update** applies `upserts`, then `removed` (a removed pod is unserved at once: it
@@ -44,14 +45,14 @@ use std::{
 };
 
 use kpulse_wire::{
-    stream::{AgentMessage, Hello, PodCounters, PodMeta, Version},
+    stream::{AgentMessage, Hello, PodCounters, Version},
     NodeBatch, NodeSample, PodSample, UnixNanos,
 };
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::{
-    metadata::StreamMetadata,
+    metadata::{Announced, StreamMetadata},
     selfmetrics::IngestMetrics,
     store::{Clock, PodKey, Store, SystemClock},
 };
@@ -169,28 +170,29 @@ pub struct Applied {
 pub struct Session {
     node: String,
     /// uid → what the pod's counters are joined with.
-    pods: HashMap<String, KnownPod>,
+    pods: HashMap<Arc<str>, KnownPod>,
     snapshot_seen: bool,
 }
 
 /// What a session keeps of a pod it announced: what the store needs with its counters.
-/// Its labels are kept once, in the metadata index (`StreamMetadata`): `bench-fit` and
-/// heaptrack found a pod's 2.7 KiB to be its metadata held three times, the session's copy
-/// with its label map among them.
+/// Its labels are kept once, in the metadata index (`StreamMetadata`), and its uid (the
+/// session's map key) and key are the index's own allocations: `bench-fit` and heaptrack
+/// found a pod's 2.7 KiB to be its metadata held three times.
 #[derive(Debug)]
 struct KnownPod {
-    namespace: String,
-    name: String,
+    key: PodKey,
     ready_since: Option<UnixNanos>,
 }
 
 impl KnownPod {
-    fn of(pod: PodMeta) -> KnownPod {
-        KnownPod {
-            namespace: pod.namespace,
-            name: pod.name,
-            ready_since: pod.ready_since,
-        }
+    fn of(pod: Announced) -> (Arc<str>, KnownPod) {
+        (
+            pod.uid,
+            KnownPod {
+                key: pod.key,
+                ready_since: pod.ready_since,
+            },
+        )
     }
 }
 
@@ -231,15 +233,13 @@ impl Session {
                 expected: "a stream says Hello once, first",
             }),
             AgentMessage::Snapshot(s) => {
-                let pods: Vec<PodMeta> = s.pods.into_iter().filter(valid).collect();
+                let mut pods: Vec<Announced> =
+                    s.pods.into_iter().filter_map(Announced::new).collect();
                 if pods.len() > MAX_PODS_PER_NODE {
                     return Err(self.too_many_pods());
                 }
-                sink.metadata.replace_pods(&self.node, &pods);
-                self.pods = pods
-                    .into_iter()
-                    .map(|p| (p.uid.clone(), KnownPod::of(p)))
-                    .collect();
+                sink.metadata.replace_pods(&self.node, &mut pods);
+                self.pods = pods.into_iter().map(KnownPod::of).collect();
                 self.snapshot_seen = true;
                 // The tick before, first: the store then holds two points per container and
                 // serves rates at once (a restarted server is complete again immediately).
@@ -257,11 +257,12 @@ impl Session {
                         expected: "the first message after the Hello is a Snapshot",
                     });
                 }
-                let upserts: Vec<PodMeta> = u.upserts.into_iter().filter(valid).collect();
+                let mut upserts: Vec<Announced> =
+                    u.upserts.into_iter().filter_map(Announced::new).collect();
                 // The count once the Update is applied: new uids in, known uids out.
                 let arriving: HashSet<&str> = upserts
                     .iter()
-                    .map(|p| p.uid.as_str())
+                    .map(|p| &*p.uid)
                     .filter(|uid| {
                         !self.pods.contains_key(*uid) && !u.removed.iter().any(|r| r == uid)
                     })
@@ -275,12 +276,14 @@ impl Session {
                 if self.pods.len() + arriving.len() - leaving.len() > MAX_PODS_PER_NODE {
                     return Err(self.too_many_pods());
                 }
-                sink.metadata.update_pods(&self.node, &upserts, &u.removed);
+                sink.metadata
+                    .update_pods(&self.node, &mut upserts, &u.removed);
                 for p in upserts {
-                    self.pods.insert(p.uid.clone(), KnownPod::of(p));
+                    let (uid, pod) = KnownPod::of(p);
+                    self.pods.insert(uid, pod);
                 }
                 for uid in &u.removed {
-                    self.pods.remove(uid);
+                    self.pods.remove(uid.as_str());
                 }
                 self.ingest(u.sent_at, u.node, u.counters, sink, true)
             }
@@ -307,14 +310,14 @@ impl Session {
         let mut unknown_uids = 0;
         let mut pods = Vec::with_capacity(counters.len());
         for c in counters {
-            match self.pods.get(&c.uid) {
+            match self.pods.get(c.uid.as_str()) {
                 Some(meta) => {
                     // A uid twice in one tick: the first one counts.
                     if seen.insert(c.uid.clone()) {
                         pods.push(PodSample {
                             uid: c.uid,
-                            namespace: meta.namespace.clone(),
-                            name: meta.name.clone(),
+                            namespace: meta.key.namespace().to_string(),
+                            name: meta.key.name().to_string(),
                             containers: c.containers,
                             signals: c.signals,
                             ready_since: meta.ready_since,
@@ -346,11 +349,6 @@ impl Session {
         }
         Ok(applied)
     }
-}
-
-/// Pods the store could never serve (no namespace or name) are not announced.
-fn valid(p: &PodMeta) -> bool {
-    !p.uid.is_empty() && PodKey::new(&p.namespace, &p.name).is_some()
 }
 
 /// The nodes being streamed: one [`Lease`] per node (see the module docs).
@@ -564,7 +562,7 @@ mod tests {
     use std::{collections::BTreeMap, time::Duration};
 
     use kpulse_wire::{
-        stream::{Previous, Snapshot, Update, VERSION},
+        stream::{PodMeta, Previous, Snapshot, Update, VERSION},
         Bytes, ContainerSample, CpuNanos,
     };
 

@@ -55,7 +55,7 @@ use parking_lot::Mutex;
 
 use crate::{
     agents::AgentPods,
-    metadata::StreamMetadata,
+    metadata::{Announced, StreamMetadata},
     nodes::ClusterNodes,
     store::{RestartRule, Store, StoreConfig, WindowMode},
 };
@@ -248,7 +248,7 @@ pub struct Inputs {
 /// The pods `node`'s agent reports that its data has no servable metrics for.
 pub fn unmeasured_pods(metadata: &StreamMetadata, store: &Store, node: &str) -> usize {
     let keys = metadata.pods_of(node);
-    let refs: Vec<(&str, &str)> = keys.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let refs: Vec<(&str, &str)> = keys.iter().map(|k| (k.namespace(), k.name())).collect();
     store
         .pod_metrics(&refs)
         .iter()
@@ -563,13 +563,14 @@ impl Scrape {
                 unknown += 1;
                 continue;
             };
-            metas.push(kpulse_wire::stream::PodMeta {
+            // A pod without a uid, namespace or name (none in Kubernetes) has no metadata.
+            metas.extend(Announced::new(kpulse_wire::stream::PodMeta {
                 uid: uid.clone(),
                 namespace: namespace.clone(),
                 name: name.clone(),
                 labels: labels.clone(),
                 ready_since: None,
-            });
+            }));
             samples.push(PodSample {
                 uid: uid.clone(),
                 namespace,
@@ -595,7 +596,7 @@ impl Scrape {
             });
         }
         Stats::count(&stats.pods_skipped, "no_pod_object", unknown);
-        self.fallback.metadata.replace_pods(&self.node, &metas);
+        self.fallback.metadata.replace_pods(&self.node, &mut metas);
         self.fallback
             .store
             .ingest(NodeBatch {
@@ -635,14 +636,15 @@ mod tests {
         assert_eq!(scrape_interval(false, false, s(0), s(3)), s(3));
     }
 
-    fn meta(name: &str) -> kpulse_wire::stream::PodMeta {
-        kpulse_wire::stream::PodMeta {
+    fn meta(name: &str) -> Announced {
+        Announced::new(kpulse_wire::stream::PodMeta {
             uid: format!("uid-{name}"),
             namespace: "ns".into(),
             name: name.into(),
             labels: BTreeMap::new(),
             ready_since: None,
-        }
+        })
+        .expect("valid")
     }
 
     /// A pod the agent reports without counters (a VM sandbox) is what sends its node's
@@ -650,8 +652,8 @@ mod tests {
     #[test]
     fn pods_reported_without_counters_are_unmeasured() {
         let metadata = StreamMetadata::new();
-        metadata.replace_pods("a", &[meta("measured"), meta("sandboxed")]);
-        metadata.replace_pods("b", &[meta("elsewhere")]);
+        metadata.replace_pods("a", &mut [meta("measured"), meta("sandboxed")]);
+        metadata.replace_pods("b", &mut [meta("elsewhere")]);
         let store = Store::new(StoreConfig::new(Duration::from_secs(60))).expect("store");
         let now = UnixNanos::from_system_time(std::time::SystemTime::now()).0;
         for (i, t) in [now - 2_000_000_000, now - 1_000_000_000]
@@ -693,7 +695,7 @@ mod tests {
         assert_eq!(unmeasured_pods(&metadata, &store, "a"), 1);
         assert_eq!(unmeasured_pods(&metadata, &store, "b"), 1);
         assert_eq!(unmeasured_pods(&metadata, &store, "c"), 0);
-        metadata.replace_pods("a", &[meta("measured")]);
+        metadata.replace_pods("a", &mut [meta("measured")]);
         assert_eq!(unmeasured_pods(&metadata, &store, "a"), 0);
     }
 }

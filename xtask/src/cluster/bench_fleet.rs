@@ -547,8 +547,8 @@ impl Bench<'_> {
     }
 
     /// New replicas (the old ones, if any, gone first: every "on" arm starts alike) with the
-    /// fleet's agents streaming, every replica ready; the agents, their summary file, the
-    /// seconds from their start to every replica ready, and the counters before they started.
+    /// fleet's agents streaming, every replica ready; the agents' processes, the seconds
+    /// from their start to every replica ready, and the counters before they started.
     fn start_on(&self, saved: &Saved) -> Result<(Agents, f64, Sample)> {
         self.scale(0)?;
         self.wait_replicas("gone", <[Replica]>::is_empty)?;

@@ -62,8 +62,9 @@ const MIN_SWEEP: usize = 64;
 
 /// Each distinct set of labels once: [`LabelSets::get`] gives equal labels the same
 /// [`Labels`]. Sets no one holds any more are dropped when the table has doubled since it
-/// last dropped them, so it holds at most about twice the sets in use (and at least
-/// [`MIN_SWEEP`]), for an amortized constant cost per new set.
+/// last dropped them, for an amortized constant cost per new set: right after a sweep it
+/// holds the sets in use, and it grows to at most about twice the most sets ever in use
+/// (and at least [`MIN_SWEEP`]); unused sets stay until a new set reaches that size.
 #[derive(Debug, Default)]
 pub(super) struct LabelSets {
     sets: HashSet<Labels>,

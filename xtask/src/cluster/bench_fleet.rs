@@ -5,7 +5,9 @@
 //! Against a cluster `cluster up --install` made:
 //! 1. the fleet ([`fleet::make`]: `--nodes` kwok nodes with `--pods` pods each, the agent's
 //!    Pod on each) and its agents file (two tokens per node bound to its agent Pod: one for
-//!    kpulse's ingest, one for kube-apiserver);
+//!    kpulse's ingest, one for kube-apiserver), made with kpulse off (the Deployment at 0 and
+//!    its APIServices removed: its replicas would scrape every new node's kwok endpoint on
+//!    the cores kwok needs);
 //! 2. the aggregator-api Deployment patched for a fleet whose agents all connect from this
 //!    machine's address (`--max-connections-per-ip`) and with a memory limit for its size
 //!    (`--server-memory-limit`); put back at the end, also after a failure, and so are
@@ -61,6 +63,9 @@ const SELECTOR: &str = "app.kubernetes.io/name=kpulse-aggregator-api";
 const HTTPS_PORT: u16 = 10250;
 /// Where, in the cluster's state, kpulse's APIServices are kept while the benchmark runs.
 const APISERVICES_KEPT: &str = "bench-fleet-apiservices.json";
+/// Where, in the cluster's state, the Deployment's replicas are kept while the benchmark
+/// runs (it scales them to 0 for the off arms and while it makes the fleet).
+const REPLICAS_KEPT: &str = "bench-fleet-replicas";
 /// Longest wait for the replicas to start, go, or be ready.
 const PHASE_LIMIT: Duration = Duration::from_secs(600);
 
@@ -129,10 +134,12 @@ pub fn run(opts: &Options, dirs: &Dirs, kubectl: &Path, release: &versions::Rele
     let saved = bench.saved()?;
     // kpulse off while the fleet is made: its replicas would scrape every new node's
     // kubelet (kwok), whose agent is silent, on the two cores kwok needs to mark the
-    // fleet's pods Running. Put back whenever this was tried: a failed rollout or a stop
-    // leaves the patch applied.
+    // fleet's pods Running (and its APIServices without endpoints would have every
+    // controller retry their discovery). Put back whenever this was tried: a failed
+    // rollout or a stop leaves the patch applied.
     let result = bench
         .scale(0)
+        .and_then(|()| bench.remove_apiservices(&saved))
         .and_then(|()| {
             let rt = fleet::runtime()?;
             let client = rt.block_on(fleet::client(&dirs.kubeconfig()))?;
@@ -299,8 +306,26 @@ impl Bench<'_> {
         );
         fs::write(&kept, Value::from(apiservices.clone()).to_string())
             .with_context(|| format!("cannot write {}", kept.display()))?;
+        // Likewise the replicas: a run killed while they were at 0 leaves them there.
+        let kept_replicas = self.ctx.dirs.state.join(REPLICAS_KEPT);
+        let mut replicas = d["spec"]["replicas"].as_u64().unwrap_or(1);
+        if replicas == 0 {
+            if let Some(n) = fs::read_to_string(&kept_replicas)
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+            {
+                println!(
+                    "bench-fleet: the aggregator-api Deployment is at 0 replicas (an earlier run \
+                     stopped while it was): {n} put back from {}",
+                    kept_replicas.display()
+                );
+                replicas = n;
+            }
+        }
+        fs::write(&kept_replicas, replicas.to_string())
+            .with_context(|| format!("cannot write {}", kept_replicas.display()))?;
         Ok(Saved {
-            replicas: d["spec"]["replicas"].as_u64().unwrap_or(1),
+            replicas,
             args: container["args"].clone(),
             memory_limit: container["resources"]["limits"]["memory"].clone(),
             apiservices,
@@ -378,6 +403,7 @@ impl Bench<'_> {
             (Ok(()), Ok(())) => {
                 // Back in the cluster: nothing for a later run to put back.
                 let _ = fs::remove_file(self.ctx.dirs.state.join(APISERVICES_KEPT));
+                let _ = fs::remove_file(self.ctx.dirs.state.join(REPLICAS_KEPT));
                 Ok(())
             }
             (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
@@ -776,7 +802,7 @@ impl Bench<'_> {
         let mut out = format!(
             "### {} kwok nodes × {} pods × {} containers, {} namespaces (`cargo xtask cluster \
              bench-fleet --nodes {} --pods {} --containers {} --namespaces {} --rounds {} \
-             --window-secs {} --resolution-ms {}`, commit {})\n\n",
+             --window-secs {} --resolution-ms {} --agent-processes {}`, commit {})\n\n",
             shape.nodes,
             shape.pods,
             shape.containers,
@@ -788,6 +814,7 @@ impl Bench<'_> {
             opts.rounds,
             opts.window_secs,
             opts.resolution_ms,
+            opts.agent_processes,
             commit.trim(),
         );
         let cell = |v: Vec<f64>, scale: f64, digits: usize| {
@@ -973,22 +1000,26 @@ fn processes(nodes: usize, replicas: usize, limit: u64) -> Result<usize> {
     Ok(usize::try_from(files.div_ceil(room).max(1))?)
 }
 
-/// Summaries of several load generators as one: numbers added, objects merged key by key
-/// (the first's other values kept).
+/// The load generator summary's fields that are each process's setting, not a count: the
+/// first process's kept (every process has the same).
+const SUMMARY_SETTINGS: [&str; 2] = ["replicas", "spread"];
+
+/// Summaries of several load generators as one: counts added (objects key by key), lists
+/// joined, settings ([`SUMMARY_SETTINGS`]) and anything else the first's.
 fn add_up(summaries: &[Value]) -> Value {
     fn add(into: &mut Value, from: &Value) {
         match (into, from) {
             (Value::Number(a), Value::Number(b)) => {
-                *a = match (a.as_u64(), b.as_u64()) {
-                    (Some(x), Some(y)) => x.saturating_add(y).into(),
-                    _ => {
-                        let sum = a.as_f64().unwrap_or(0.0) + b.as_f64().unwrap_or(0.0);
-                        serde_json::Number::from_f64(sum).unwrap_or_else(|| 0.into())
-                    }
-                };
+                if let (Some(x), Some(y)) = (a.as_u64(), b.as_u64()) {
+                    *a = x.saturating_add(y).into();
+                }
             }
+            (Value::Array(a), Value::Array(b)) => a.extend(b.iter().cloned()),
             (Value::Object(a), Value::Object(b)) => {
                 for (k, v) in b {
+                    if SUMMARY_SETTINGS.contains(&k.as_str()) {
+                        continue;
+                    }
                     match a.get_mut(k) {
                         Some(mine) => add(mine, v),
                         None => {
@@ -1251,13 +1282,17 @@ mod tests {
 
     #[test]
     fn summaries_add_up_key_by_key() {
-        let a = json!({"produced": 10, "sent": 9, "errors": {"reset": 1}, "node": "x"});
-        let b = json!({"produced": 5, "sent": 5, "errors": {"reset": 2, "eof": 1}, "rate": 0.5});
-        let c = json!({"produced": 1, "sent": 0, "errors": {}, "rate": 0.25});
+        let a = json!({"replicas": 2, "spread": false, "produced": 10, "sent": 9,
+                       "stream_errors": {"reset": 1}, "first_unsent": ["n1"]});
+        let b = json!({"replicas": 2, "spread": false, "produced": 5, "sent": 5,
+                       "stream_errors": {"reset": 2, "eof": 1}, "first_unsent": []});
+        let c = json!({"replicas": 2, "spread": false, "produced": 1, "sent": 0,
+                       "stream_errors": {}, "first_unsent": ["n7", "n9"]});
         assert_eq!(
             add_up(&[a.clone(), b, c]),
-            json!({"produced": 16, "sent": 14, "errors": {"reset": 3, "eof": 1},
-                   "node": "x", "rate": 0.75})
+            json!({"replicas": 2, "spread": false, "produced": 16, "sent": 14,
+                   "stream_errors": {"reset": 3, "eof": 1},
+                   "first_unsent": ["n1", "n7", "n9"]})
         );
         assert_eq!(add_up(std::slice::from_ref(&a)), a);
         assert_eq!(add_up(&[]), Value::Null);

@@ -447,8 +447,9 @@ fn kwok_config(serving: &pki::Pair) -> Result<String> {
             "tlsPrivateKeyFile": serving.key.display().to_string(),
             "nodeLeaseDurationSeconds": LEASE_SECONDS,
             // Workers (the binary's defaults are 0, which it refuses). kwok's own manifest
-            // has 4 of each, which marked about 60 pods a second Running here, each worker
-            // waiting on kube-apiserver's answer: 16 keep more requests in flight.
+            // has 4 of each, which marked about 60 pods a second Running here at 1,000
+            // nodes, each worker waiting on kube-apiserver's answer: 16 keep more requests
+            // in flight (not yet shown faster: at 10,000 nodes kwok was short of CPU).
             "nodeLeaseParallelism": KWOK_WORKERS,
             "nodePlayStageParallelism": KWOK_WORKERS,
             "podPlayStageParallelism": KWOK_WORKERS,

@@ -118,7 +118,7 @@ pub fn run(opts: &Options) -> Result<()> {
         ensure!(n == 3, "{name} takes three levels, not {n}");
     }
     let most = opts.streams.iter().copied().max().unwrap_or(0) as u64;
-    let files = open_file_limit()?;
+    let files = harness::open_file_limit()?;
     ensure!(
         most + SPARE_FILES <= files,
         "{most} streams need about {} open files in the server and in the load generator, \
@@ -201,19 +201,6 @@ fn shape(opts: &Options, l: [usize; 4]) -> Shape {
         measure_secs: opts.measure_secs,
         signals: false,
     }
-}
-
-/// This process's hard open-file limit (what its children may raise theirs to).
-pub(crate) fn open_file_limit() -> Result<u64> {
-    let text = std::fs::read_to_string("/proc/self/limits").context("/proc/self/limits")?;
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .context("/proc/self/limits: no Max open files")?;
-    line.split_whitespace()
-        .filter_map(|w| w.parse::<u64>().ok())
-        .nth(1)
-        .context("/proc/self/limits: Max open files without a hard limit")
 }
 
 /// The sizes the fit predicts: (what, nodes, pods a node, containers a pod).

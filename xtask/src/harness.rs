@@ -795,6 +795,19 @@ pub fn ms(seconds: Option<f64>) -> String {
     seconds.map_or("n/a".to_string(), |s| format!("{:.1} ms", s * 1e3))
 }
 
+/// This process's hard open-file limit (what its children may raise theirs to).
+pub fn open_file_limit() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/self/limits").context("/proc/self/limits")?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .context("/proc/self/limits: no Max open files")?;
+    line.split_whitespace()
+        .filter_map(|w| w.parse::<u64>().ok())
+        .nth(1)
+        .context("/proc/self/limits: Max open files without a hard limit")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -945,7 +945,7 @@ impl Agents {
         at_least: usize,
         dir: &Path,
     ) -> Result<Agents> {
-        let limit = crate::bench_fit::open_file_limit()?;
+        let limit = harness::open_file_limit()?;
         let count = processes(nodes, replicas, limit)?
             .max(at_least)
             .min(nodes.max(1));

@@ -302,8 +302,11 @@ fn hpa(ctx: &Ctx<'_>, flag: &Path, load_dir: &Path) -> Result<String> {
         show(&pod),
         show(&container)
     );
+    // Both lists non-empty: a check of every container item passes on none.
     ensure!(
-        !pod.is_empty() && container.iter().all(|i| i["selector"].is_object()),
+        !pod.is_empty()
+            && !container.is_empty()
+            && container.iter().all(|i| i["selector"].is_object()),
         "served while loaded: {pod:?} / {container:?}"
     );
     std::fs::remove_file(flag)?;

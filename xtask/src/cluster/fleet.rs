@@ -532,7 +532,7 @@ fn node_name(i: usize) -> String {
     format!("{NODE_PREFIX}{i:05}")
 }
 
-fn namespace(j: usize) -> String {
+pub(super) fn namespace(j: usize) -> String {
     format!("{NAMESPACE_PREFIX}{j:03}")
 }
 
@@ -716,7 +716,7 @@ async fn create_pods(client: &kube::Client, opts: &Shape) -> Result<usize> {
 }
 
 /// Whether a create made the object: `false` when it existed (a second `fleet` run).
-fn created<T>(r: kube::Result<T>) -> Result<bool> {
+pub(super) fn created<T>(r: kube::Result<T>) -> Result<bool> {
     match r {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
@@ -900,7 +900,7 @@ pub(super) async fn remove(dirs: &Dirs, client: &kube::Client) -> Result<()> {
     Ok(())
 }
 
-fn ignore_gone<T>(r: kube::Result<T>) -> Result<()> {
+pub(super) fn ignore_gone<T>(r: kube::Result<T>) -> Result<()> {
     match r {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),

@@ -30,14 +30,16 @@
 //! 4. **reads**, with kpulse on: `kubectl top node`, `kubectl top pod -A`, `kubectl top pod
 //!    -n NS` (the real kubectl, timed as a user sees it), the same lists as JSON through
 //!    kube-apiserver (time and bytes, and every fleet node and pod in them), and discovery
-//!    of `metrics.k8s.io`, interleaved, `--reads` times each.
+//!    of `metrics.k8s.io`, interleaved, `--reads` times each ([`reads`]);
+//! 5. **HPAs**, with the same agents: one in each fleet namespace reading kpulse, and
+//!    kube-controller-manager's own time for them ([`hpa`]).
 //!
 //! It prints the tables for docs/benchmarks.md. The fleet stays (another run at the same
 //! size reuses it): `cargo xtask cluster fleet --remove` removes it.
 
 use std::{
     fs,
-    path::{Path, PathBuf},
+    path::Path,
     process::Command,
     time::{Duration, Instant},
 };
@@ -52,9 +54,16 @@ use super::{
     versions,
 };
 use crate::{
-    harness::{self, Metrics, Proc, Stop},
+    harness::{self, Metrics, Stop},
     stats,
 };
+
+mod agents;
+mod hpa;
+mod reads;
+
+use agents::Agents;
+use reads::{Reads, Want};
 
 const NAMESPACE: &str = "kpulse-system";
 const DEPLOYMENT: &str = "deployment/kpulse-aggregator-api";
@@ -554,9 +563,9 @@ impl Bench<'_> {
                 }
             }
         }
-        println!("bench-fleet: reads");
-        let reads = self.reads(saved)?;
-        Ok(self.report(&off, &on, &arms, &reads))
+        println!("bench-fleet: reads, then an HPA in each fleet namespace");
+        let (reads, hpas) = self.reads_and_hpas(saved)?;
+        Ok(self.report(&off, &on, &arms, &reads) + &hpas.report())
     }
 
     fn off_arm(&self, saved: &Saved) -> Result<Cost> {
@@ -736,8 +745,9 @@ impl Bench<'_> {
         })
     }
 
-    /// The reads phase: kpulse on, every kind of read `--reads` times, interleaved.
-    fn reads(&self, saved: &Saved) -> Result<Vec<Reads>> {
+    /// The reads phase (kpulse on, every kind of read `--reads` times, interleaved), then
+    /// the HPA phase ([`hpa`]) with the same agents.
+    fn reads_and_hpas(&self, saved: &Saved) -> Result<(Vec<Reads>, hpa::Phase)> {
         let (mut agents, _, _) = self.start_on(saved)?;
         self.stop
             .sleep(Duration::from_secs(self.opts.settle_secs))?;
@@ -786,11 +796,13 @@ impl Bench<'_> {
             for kind in &mut kinds {
                 self.stop.check()?;
                 agents.check_running()?;
-                kind.once(self)?;
+                kind.once(self.ctx, self.dir)?;
             }
         }
+        println!("bench-fleet: the HPAs");
+        let hpas = hpa::run(self, &mut agents)?;
         agents.stop()?;
-        Ok(kinds)
+        Ok((kinds, hpas))
     }
 
     fn report(&self, off: &[Cost], on: &[Cost], arms: &[OnArm], reads: &[Reads]) -> String {
@@ -925,119 +937,6 @@ struct Replica {
     container: Option<String>,
 }
 
-/// Open files each load generator process keeps below its hard limit for what is not a
-/// fleet connection (a stream a node and replica, a pod watch a node).
-const LOADGEN_FILE_ROOM: u64 = 1_000;
-
-/// The fleet's agents: as many load generator processes (`--shard I/N`) as their
-/// connections need under the hard open-file limit each inherits.
-struct Agents {
-    procs: Vec<(Proc, PathBuf)>,
-}
-
-impl Agents {
-    /// `nodes` agents streaming to `replicas` replicas, over at least `at_least`
-    /// processes.
-    fn spawn(
-        loadgen: &Path,
-        args: &[String],
-        (nodes, replicas): (usize, usize),
-        at_least: usize,
-        dir: &Path,
-    ) -> Result<Agents> {
-        let limit = harness::open_file_limit()?;
-        let count = processes(nodes, replicas, limit)?
-            .max(at_least)
-            .min(nodes.max(1));
-        let mut procs = Vec::with_capacity(count);
-        for i in 0..count {
-            let summary = dir.join(format!("loadgen-{i}.out"));
-            let mut args = args.to_vec();
-            args.extend(["--shard".to_owned(), format!("{i}/{count}")]);
-            let proc = Proc::spawn(
-                &format!("the fleet's agents (loadgen {i}/{count})"),
-                loadgen,
-                &args,
-                false,
-                &dir.join(format!("loadgen-{i}.log")),
-                Some(&summary),
-            )?;
-            procs.push((proc, summary));
-        }
-        Ok(Agents { procs })
-    }
-
-    fn check_running(&mut self) -> Result<()> {
-        self.procs
-            .iter_mut()
-            .try_for_each(|(p, _)| p.check_running())
-    }
-
-    /// Stops every process and returns their summaries added up.
-    fn stop(mut self) -> Result<Value> {
-        for (p, _) in &self.procs {
-            p.signal("TERM")?;
-        }
-        let mut summaries = Vec::with_capacity(self.procs.len());
-        for (p, summary) in &mut self.procs {
-            p.wait_for(Duration::from_secs(120))?
-                .context("the fleet's agents did not stop within 120 s")?;
-            summaries.push(harness::read_summary(summary)?);
-        }
-        Ok(add_up(&summaries))
-    }
-}
-
-/// Load generator processes for `nodes` agents streaming to `replicas` replicas and each
-/// watching its pods, under a hard open-file limit of `limit`.
-fn processes(nodes: usize, replicas: usize, limit: u64) -> Result<usize> {
-    let room = limit.saturating_sub(LOADGEN_FILE_ROOM);
-    ensure!(
-        room >= 1_000,
-        "the hard open-file limit ({limit}) leaves the load generator no room for a fleet"
-    );
-    let files = nodes as u64 * (replicas as u64 + 1);
-    Ok(usize::try_from(files.div_ceil(room).max(1))?)
-}
-
-/// The load generator summary's fields that are each process's setting, not a count: the
-/// first process's kept (every process has the same).
-const SUMMARY_SETTINGS: [&str; 2] = ["replicas", "spread"];
-
-/// Summaries of several load generators as one: counts added (objects key by key), lists
-/// joined, settings ([`SUMMARY_SETTINGS`]) and anything else the first's.
-fn add_up(summaries: &[Value]) -> Value {
-    fn add(into: &mut Value, from: &Value) {
-        match (into, from) {
-            (Value::Number(a), Value::Number(b)) => {
-                if let (Some(x), Some(y)) = (a.as_u64(), b.as_u64()) {
-                    *a = x.saturating_add(y).into();
-                }
-            }
-            (Value::Array(a), Value::Array(b)) => a.extend(b.iter().cloned()),
-            (Value::Object(a), Value::Object(b)) => {
-                for (k, v) in b {
-                    if SUMMARY_SETTINGS.contains(&k.as_str()) {
-                        continue;
-                    }
-                    match a.get_mut(k) {
-                        Some(mine) => add(mine, v),
-                        None => {
-                            a.insert(k.clone(), v.clone());
-                        }
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    let mut total = summaries.first().cloned().unwrap_or(Value::Null);
-    for s in summaries.iter().skip(1) {
-        add(&mut total, s);
-    }
-    total
-}
-
 /// The APIServices of `list` whose service is in kpulse's namespace, without what the
 /// server sets (status, uid, resourceVersion, timestamps, managed fields), so that `kubectl
 /// create` takes them back as they were applied.
@@ -1070,233 +969,9 @@ fn rejected(m: &Metrics) -> f64 {
     harness::sum(m, "apiserver_flowcontrol_rejected_requests_total", |_| true)
 }
 
-/// One kind of read and its samples.
-struct Reads {
-    name: String,
-    how: How,
-    /// What a complete answer lists: at least `n` items of the fleet (none: not counted).
-    want: Option<Want>,
-    /// Seconds of the successful ones.
-    times: Vec<f64>,
-    bytes: Vec<f64>,
-    items: Vec<usize>,
-    errors: usize,
-}
-
-enum How {
-    Kubectl(Vec<String>),
-    Raw(String),
-}
-
-/// The fleet's items an answer must list: those whose name (or namespace) starts with
-/// `prefix` — for kubectl, whose first column does, with figures (not `<unknown>`).
-struct Want {
-    n: usize,
-    prefix: String,
-    by_namespace: bool,
-}
-
-impl Want {
-    fn names(n: usize, prefix: &str) -> Option<Want> {
-        Some(Want {
-            n,
-            prefix: prefix.to_owned(),
-            by_namespace: false,
-        })
-    }
-
-    fn namespaces(n: usize, prefix: &str) -> Option<Want> {
-        Some(Want {
-            n,
-            prefix: prefix.to_owned(),
-            by_namespace: true,
-        })
-    }
-
-    /// The fleet's rows of kubectl's table.
-    fn rows(&self, table: &str) -> usize {
-        table
-            .lines()
-            .skip(1)
-            .filter(|l| {
-                l.split_whitespace()
-                    .next()
-                    .is_some_and(|c| c.starts_with(&self.prefix))
-                    && !l.contains("<unknown>")
-            })
-            .count()
-    }
-
-    /// The fleet's items of a JSON list.
-    fn items(&self, list: &Value) -> usize {
-        let field = if self.by_namespace {
-            "namespace"
-        } else {
-            "name"
-        };
-        list["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|i| {
-                i["metadata"][field]
-                    .as_str()
-                    .is_some_and(|v| v.starts_with(&self.prefix))
-            })
-            .count()
-    }
-}
-
-impl Reads {
-    fn kubectl(name: &str, args: &[&str], want: Option<Want>) -> Reads {
-        let mut args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        // As the GETs' curl: a list may take long; the goal is what is measured.
-        args.push("--request-timeout=60s".to_owned());
-        Reads::new(name, How::Kubectl(args), want)
-    }
-
-    fn raw(name: &str, path: &str, want: Option<Want>) -> Reads {
-        Reads::new(name, How::Raw(path.to_owned()), want)
-    }
-
-    fn new(name: &str, how: How, want: Option<Want>) -> Reads {
-        Reads {
-            name: name.to_owned(),
-            how,
-            want,
-            times: Vec::new(),
-            bytes: Vec::new(),
-            items: Vec::new(),
-            errors: 0,
-        }
-    }
-
-    /// Counts one answer: its time, bytes and fleet items, or an error (a failure, or an
-    /// answer short of the fleet).
-    fn count(&mut self, ok: bool, secs: f64, bytes: f64, items: usize) {
-        let complete = self.want.as_ref().is_none_or(|w| items >= w.n);
-        if ok && complete {
-            self.times.push(secs);
-            self.bytes.push(bytes);
-            self.items.push(items);
-        } else {
-            self.errors += 1;
-        }
-    }
-
-    fn once(&mut self, bench: &Bench<'_>) -> Result<()> {
-        match &self.how {
-            How::Kubectl(args) => {
-                let t = Instant::now();
-                let out = bench
-                    .ctx
-                    .kubectl()
-                    .args(args)
-                    .stderr(std::process::Stdio::null())
-                    .output()
-                    .context("cannot run kubectl")?;
-                let secs = t.elapsed().as_secs_f64();
-                let text = String::from_utf8_lossy(&out.stdout);
-                let items = self.want.as_ref().map_or(0, |w| w.rows(&text));
-                self.count(out.status.success(), secs, out.stdout.len() as f64, items);
-            }
-            How::Raw(path) => {
-                let dirs = bench.ctx.dirs;
-                let body = bench.dir.join("read.json");
-                let _ = fs::remove_file(&body);
-                let out = Command::new("curl")
-                    .args(["-sS", "--max-time", "60", "-H", "Accept: application/json"])
-                    .arg("--cacert")
-                    .arg(dirs.pki.join("ca.crt"))
-                    .arg("--cert")
-                    .arg(dirs.pki.join("admin.crt"))
-                    .arg("--key")
-                    .arg(dirs.pki.join("admin.key"))
-                    .arg("-o")
-                    .arg(&body)
-                    .args(["-w", "%{http_code} %{time_total} %{size_download}"])
-                    .arg(format!("{}{path}", daemons::apiserver_url()))
-                    .output()
-                    .context("cannot run curl")?;
-                let text = String::from_utf8_lossy(&out.stdout);
-                let mut parts = text.split_whitespace();
-                let code = parts.next().unwrap_or_default();
-                let secs: f64 = parts
-                    .next()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(f64::NAN);
-                let size: f64 = parts
-                    .next()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(f64::NAN);
-                let items = match &self.want {
-                    Some(w) => {
-                        let text = fs::read(&body).unwrap_or_default();
-                        serde_json::from_slice::<Value>(&text)
-                            .map(|v| w.items(&v))
-                            .unwrap_or(0)
-                    }
-                    None => 0,
-                };
-                self.count(out.status.success() && code == "200", secs, size, items);
-            }
-        }
-        Ok(())
-    }
-
-    fn row(&self) -> String {
-        let mut ms: Vec<f64> = self.times.iter().map(|t| t * 1e3).collect();
-        let p50 = super::versus::percentile(&mut ms, 0.5);
-        let p90 = super::versus::percentile(&mut ms, 0.9);
-        let max = stats::range(&ms).1;
-        let items = match (&self.want, self.items.iter().min()) {
-            (Some(_), Some(n)) => n.to_string(),
-            _ => "–".to_owned(),
-        };
-        format!(
-            "| {} | {} of {} | {p50:.0} | {p90:.0} | {max:.0} | {:.0} | {items} |\n",
-            self.name,
-            self.errors,
-            self.errors + self.times.len(),
-            stats::median(&self.bytes),
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_agents_are_split_over_processes_by_the_open_file_limit() -> Result<()> {
-        // 1,000 nodes to two replicas with a watch each: 3,000 files, one process.
-        assert_eq!(processes(1_000, 2, 20_000)?, 1);
-        // 10,000 nodes: 30,000 files, 19,000 a process.
-        assert_eq!(processes(10_000, 2, 20_000)?, 2);
-        assert_eq!(processes(10_000, 1, 20_000)?, 2);
-        assert_eq!(processes(10_000, 2, 524_288)?, 1);
-        assert_eq!(processes(1, 1, 4_096)?, 1);
-        assert!(processes(10, 2, 1_024).is_err());
-        Ok(())
-    }
-
-    #[test]
-    fn summaries_add_up_key_by_key() {
-        let a = json!({"replicas": 2, "spread": false, "produced": 10, "sent": 9,
-                       "stream_errors": {"reset": 1}, "first_unsent": ["n1"]});
-        let b = json!({"replicas": 2, "spread": false, "produced": 5, "sent": 5,
-                       "stream_errors": {"reset": 2, "eof": 1}, "first_unsent": []});
-        let c = json!({"replicas": 2, "spread": false, "produced": 1, "sent": 0,
-                       "stream_errors": {}, "first_unsent": ["n7", "n9"]});
-        assert_eq!(
-            add_up(&[a.clone(), b, c]),
-            json!({"replicas": 2, "spread": false, "produced": 16, "sent": 14,
-                   "stream_errors": {"reset": 3, "eof": 1},
-                   "first_unsent": ["n1", "n7", "n9"]})
-        );
-        assert_eq!(add_up(std::slice::from_ref(&a)), a);
-        assert_eq!(add_up(&[]), Value::Null);
-    }
 
     #[test]
     fn only_kpulses_apiservices_are_saved_without_what_the_server_set() {
@@ -1319,45 +994,6 @@ mod tests {
                          "group": "metrics.k8s.io"},
             })]
         );
-    }
-
-    #[test]
-    fn a_read_counts_errors_and_reports_percentiles_of_the_rest() {
-        let mut r = Reads::raw("x", "/x", Want::names(3, "p-"));
-        r.times = (1..=10).map(|i| f64::from(i) / 1e3).collect();
-        r.bytes = vec![100.0; 10];
-        r.items = vec![3; 10];
-        r.errors = 2;
-        assert_eq!(r.row(), "| x | 2 of 12 | 5 | 9 | 10 | 100 | 3 |\n");
-    }
-
-    #[test]
-    fn only_the_fleets_rows_with_figures_count() {
-        let table = "NAME               CPU(cores)   MEMORY(bytes)\n\
-                     fleet-node-00000   120m         300Mi\n\
-                     fleet-node-00001   <unknown>    <unknown>\n\
-                     kpulse-node        300m         2Gi\n";
-        let want = Want::names(2, fleet::NODE_PREFIX).expect("a want");
-        assert_eq!(want.rows(table), 1);
-        let list = json!({"items": [
-            {"metadata": {"name": "p-00000-000", "namespace": "fleet-000"}},
-            {"metadata": {"name": "coredns-1", "namespace": "kube-system"}},
-        ]});
-        let by_ns = Want::namespaces(1, "fleet-").expect("a want");
-        assert_eq!(by_ns.items(&list), 1);
-        assert_eq!(Want::names(1, "p-").expect("a want").items(&list), 1);
-    }
-
-    #[test]
-    fn an_answer_short_of_the_fleet_is_an_error() {
-        let mut r = Reads::kubectl("top", &["top", "node"], Want::names(2, "fleet-node-"));
-        r.count(true, 0.1, 10.0, 1);
-        r.count(false, 0.1, 10.0, 2);
-        r.count(true, 0.2, 10.0, 2);
-        assert_eq!((r.errors, r.items.clone()), (2, vec![2]));
-        let mut discovery = Reads::raw("d", "/apis", None);
-        discovery.count(true, 0.1, 10.0, 0);
-        assert_eq!(discovery.errors, 0);
     }
 
     #[test]

@@ -42,7 +42,7 @@ pub fn ready_node(pod: &Pod) -> Option<String> {
     pod.spec.as_ref()?.node_name.clone()
 }
 
-/// Watches the agent pods (with the watcher's default backoff) and keeps `agents` current.
+/// Watches the agent pods (with [`crate::watched::backoff`]) and keeps `agents` current.
 /// Never returns. API errors are logged at WARN and retried.
 pub async fn follow(
     client: kube::Client,
@@ -51,7 +51,8 @@ pub async fn follow(
     agents: Arc<AgentPods>,
 ) {
     let api = kube::Api::<Pod>::namespaced(client, &namespace);
-    let stream = watcher(api, watcher::Config::default().labels(&selector)).default_backoff();
+    let stream = watcher(api, watcher::Config::default().labels(&selector))
+        .backoff(crate::watched::backoff());
     let say = Narration {
         what: "agent pods",
         failing: &|error| {

@@ -51,14 +51,14 @@ impl ClusterNodeList for ClusterNodes {
     }
 }
 
-/// Watches the Nodes' metadata (with the watcher's default backoff) and keeps `nodes`
+/// Watches the Nodes' metadata (with [`crate::watched::backoff`]) and keeps `nodes`
 /// current. Never returns. API errors (e.g. forbidden: RBAC) are logged at WARN and
 /// retried; what was seen last stays in use.
 pub async fn follow(client: kube::Client, nodes: Arc<ClusterNodes>) {
     // `PartialObjectMeta`: the requests ask for `PartialObjectMetadataList`, so only the
     // nodes' metadata crosses the wire and is decoded.
     let api = kube::Api::<PartialObjectMeta<Node>>::all(client);
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let stream = watcher(api, watcher::Config::default()).backoff(crate::watched::backoff());
     let say = Narration {
         what: "Nodes",
         failing: &|error| {

@@ -5,15 +5,46 @@
 //! agent). Both keep, per object name, a small value ([`Mirror`]); both apply a (re-)list
 //! whole at its end, so that readers never see half a list ([`Relist`]); both tell
 //! readiness whether the API refused the list for a reason retrying does not fix
-//! ([`refused`]). [`follow_into`] is that loop, once.
+//! ([`refused`]). [`follow_into`] is that loop, once. Every watch of the server, also the
+//! authentication ConfigMap's ([`crate::auth::authconfig`]), retries with [`backoff`].
 
 use std::{
     collections::BTreeMap,
     sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
 };
 
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::{
+    utils::{Backoff, ResetTimerBackoff},
+    watcher, WatchStreamExt,
+};
 use parking_lot::RwLock;
+
+/// The longest wait between two tries of a failing watch.
+///
+/// kube-runtime's default backoff grows to 30 s: a replica whose kube-apiserver was away
+/// half a minute (a restart, an upgrade) came back to it up to 30 s late, and so took up
+/// to that long to follow a CA rotated meanwhile, refusing the new CA's clients until then
+/// (14.6 and 17.6 s measured by the cluster check's client-CA rotation). Capped here, it is
+/// at most twice this late (the jitter adds up to as much again); while kube-apiserver is
+/// away, each replica lists each watched kind once every few seconds.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(3);
+
+/// The backoff of the server's watches: kube-runtime's default (from 0.8 s, doubling, a
+/// jitter adding up to as much again, back to the start after 120 s without a failure)
+/// with the doubling capped at [`BACKOFF_MAX`].
+pub fn backoff() -> impl Backoff {
+    let exponential = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(800))
+        .with_max_delay(BACKOFF_MAX)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times();
+    ResetTimerBackoff::new(
+        watcher::ExponentialBackoff::from(exponential),
+        Duration::from_secs(120),
+    )
+}
 
 /// One change a watch reports, about objects named `name` with what is kept of them (`V`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -252,4 +283,26 @@ pub(crate) fn map_event<A, B>(e: watcher::Event<A>, f: impl FnOnce(A) -> B) -> w
 /// The next item of a stream (this crate has no `futures` dependency).
 async fn next<S: WatchStreamExt + ?Sized>(mut stream: std::pin::Pin<&mut S>) -> Option<S::Item> {
     std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_watch_retries_within_twice_the_cap() {
+        let mut b = backoff();
+        let first = b.next().unwrap_or_default();
+        assert!(
+            (Duration::from_millis(800)..=Duration::from_millis(1600)).contains(&first),
+            "{first:?}"
+        );
+        let later: Vec<Duration> = b.by_ref().take(1000).collect();
+        assert_eq!(later.len(), 1000, "a watch retries for ever");
+        assert!(later.iter().all(|d| *d <= BACKOFF_MAX * 2), "{later:?}");
+        // It grows: past the first tries, some waits are above the start's twice.
+        assert!(later.iter().any(|d| *d > Duration::from_millis(1600)));
+        b.reset();
+        assert!(b.next().unwrap_or_default() <= Duration::from_millis(1600));
+    }
 }

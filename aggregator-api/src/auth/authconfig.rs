@@ -118,14 +118,14 @@ pub struct Follow {
     pub client_ca: bool,
 }
 
-/// Watches the ConfigMap (with the watcher's default backoff) and applies each new version
+/// Watches the ConfigMap (with [`crate::watched::backoff`]) and applies each new version
 /// to `chain` (and so to its clones). Never returns. Changes are logged at INFO; a version
 /// that cannot be used, an absent or deleted ConfigMap, and API errors (e.g. forbidden:
 /// RBAC) at WARN — the last good settings stay in use.
 pub async fn follow(client: kube::Client, chain: Chain, parts: Follow) {
     let api = kube::Api::<ConfigMap>::namespaced(client, NAMESPACE);
     let config = watcher::Config::default().fields(&format!("metadata.name={NAME}"));
-    let stream = watcher(api, config).default_backoff();
+    let stream = watcher(api, config).backoff(crate::watched::backoff());
     let mut stream = std::pin::pin!(stream);
     // Whether the current list (re-list) has shown the ConfigMap.
     let mut listed = false;

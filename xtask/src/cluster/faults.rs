@@ -45,6 +45,20 @@ const READ_EVERY: Duration = Duration::from_millis(100);
 /// The longest any wait below may take.
 const RESTART_TIMEOUT: Duration = Duration::from_secs(120);
 const FOLLOW_TIMEOUT: Duration = Duration::from_secs(60);
+/// The longest a replica may take to follow the authentication ConfigMap once it changed
+/// (the README's troubleshooting promises seconds: 2–3 s measured, a watch event away), with
+/// room for a loaded CI machine; longer fails the check.
+const FOLLOW_BOUND: f64 = 10.0;
+
+/// Fails when the replicas took longer than [`FOLLOW_BOUND`] to follow a change.
+fn within_follow_bound(what: &str, took: f64) -> Result<()> {
+    ensure!(
+        took <= FOLLOW_BOUND,
+        "{what} {took:.1} s after the ConfigMap changed, above the {FOLLOW_BOUND} s the README \
+         promises"
+    );
+    Ok(())
+}
 /// A read a replica answers as the request-header (front-proxy) user, or straight as a
 /// client-certificate user.
 const PROBE_PATH: &str = "/apis/metrics.k8s.io/v1beta1/nodes";
@@ -434,6 +448,14 @@ pub(super) fn front_proxy_rotation(ctx: &Ctx<'_>) -> Result<String> {
         },
     )?;
     same_replicas(&before, &replicas(ctx)?)?;
+    within_follow_bound(
+        "every replica trusting the new front-proxy CA",
+        secs(times.published, times.followed),
+    )?;
+    within_follow_bound(
+        "every replica refusing the old front-proxy CA",
+        secs(times.rewritten, times.dropped),
+    )?;
     let (_, after) = failures(&reads, t0, times.ready);
     let (_, all_reads) = failures(&reads, t0, t0);
     Ok(format!(
@@ -523,6 +545,10 @@ pub(super) fn client_ca_rotation(ctx: &Ctx<'_>) -> Result<String> {
         },
     )?;
     same_replicas(&before, &replicas(ctx)?)?;
+    within_follow_bound(
+        "every replica accepting the new client CA",
+        secs(published, followed),
+    )?;
     let (_, all) = failures(&reads, t0, t0);
     let (_, after) = failures(&reads, t0, ready);
     Ok(format!(

@@ -104,7 +104,8 @@ fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
-fn in_ci() -> bool {
+/// Whether this runs in CI (`CI=true`), where nothing may be skipped.
+pub(crate) fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 

@@ -39,16 +39,38 @@ use serde_json::Value;
 
 use super::{daemons, faults, host::Dirs, images};
 
-/// Installed kubectls besides the cluster's own, oldest first.
-pub(super) fn installed_kubectls() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = (27..=33)
+/// The older kubectls the matrix runs besides the cluster's own, oldest first: the Google
+/// Cloud SDK's builds 1.27 to 1.31 and its `kubectl` (a dispatcher, 1.32), which this
+/// machine's image carries. In CI every one must be there ([`missing_kubectls`]).
+fn older_kubectls() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = (27..=31)
         .map(|m| PathBuf::from(format!("/usr/lib/google-cloud-sdk/bin/kubectl.1.{m}")))
-        .filter(|p| p.is_file())
         .collect();
-    if Path::new("/usr/bin/kubectl").is_file() {
-        v.push(PathBuf::from("/usr/bin/kubectl"));
-    }
+    v.push(PathBuf::from("/usr/bin/kubectl"));
     v
+}
+
+/// The older kubectls installed here, oldest first.
+pub(super) fn installed_kubectls() -> Vec<PathBuf> {
+    older_kubectls()
+        .into_iter()
+        .filter(|p| p.is_file())
+        .collect()
+}
+
+/// The older kubectls the matrix should run that are not installed: an error in CI, where
+/// a matrix of fewer clients than the docs name must not pass.
+fn missing_kubectls() -> Result<()> {
+    let missing: Vec<PathBuf> = older_kubectls()
+        .into_iter()
+        .filter(|p| !p.is_file())
+        .collect();
+    ensure!(
+        missing.is_empty(),
+        "the kubectl matrix lacks {missing:?} (install the Google Cloud SDK's kubectls, or run \
+         outside CI to test with what is installed)"
+    );
+    Ok(())
 }
 
 pub(super) struct Ctx<'a> {
@@ -171,6 +193,10 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>, with_faults: bool)
             let r = check(&ctx);
             ctx.record(name, r);
         }
+    }
+    if crate::test::in_ci() && ctx.wants("kubectl matrix complete") {
+        let r = missing_kubectls().map(|()| "every older kubectl installed".to_owned());
+        ctx.record("kubectl matrix complete", r);
     }
     let mut clients = installed_kubectls();
     clients.push(ctx.kubectl.clone());

@@ -564,17 +564,28 @@ impl Bench<'_> {
                 if kpulse {
                     println!("bench-fleet: round {}/{}: on", round + 1, opts.rounds);
                     let (cost, arm) = self.on_arm(saved, round)?;
+                    println!(
+                        "bench-fleet: {cost:?}; start to ready {:.1} s, TokenReviews {}, \
+                         rejected {}; {:?}",
+                        arm.start_to_ready, arm.start_tokenreviews, arm.start_rejected, arm.restart
+                    );
                     on.push(cost);
                     arms.push(arm);
                 } else {
                     println!("bench-fleet: round {}/{}: off", round + 1, opts.rounds);
-                    off.push(self.off_arm(saved)?);
+                    let cost = self.off_arm(saved)?;
+                    println!("bench-fleet: {cost:?}");
+                    off.push(cost);
                 }
             }
         }
         println!("bench-fleet: reads, then an HPA in each fleet namespace");
         let (reads, hpas) = self.reads_and_hpas(saved)?;
-        Ok(self.report(&off, &on, &arms, &reads) + &hpas.report())
+        let hpas = match hpas {
+            Ok(phase) => phase.report(),
+            Err(e) => format!("\nThe HPAs (one in each fleet namespace) failed: {e:#}\n"),
+        };
+        Ok(self.report(&off, &on, &arms, &reads) + &hpas)
     }
 
     fn off_arm(&self, saved: &Saved) -> Result<Cost> {
@@ -763,7 +774,8 @@ impl Bench<'_> {
 
     /// The reads phase (kpulse on, every kind of read `--reads` times, interleaved), then
     /// the HPA phase ([`hpa`]) with the same agents.
-    fn reads_and_hpas(&self, saved: &Saved) -> Result<(Vec<Reads>, hpa::Phase)> {
+    /// An HPA phase that fails is reported as such: it comes last, after what was measured.
+    fn reads_and_hpas(&self, saved: &Saved) -> Result<(Vec<Reads>, Result<hpa::Phase>)> {
         let (mut agents, _, _) = self.start_on(saved)?;
         self.stop
             .sleep(Duration::from_secs(self.opts.settle_secs))?;
@@ -815,8 +827,11 @@ impl Bench<'_> {
                 kind.once(self.ctx, self.dir)?;
             }
         }
+        for kind in &kinds {
+            print!("bench-fleet: {}", kind.row());
+        }
         println!("bench-fleet: the HPAs");
-        let hpas = hpa::run(self, &mut agents)?;
+        let hpas = hpa::run(self, &mut agents);
         agents.stop()?;
         Ok((kinds, hpas))
     }

@@ -40,10 +40,10 @@ use serde_json::Value;
 use super::{daemons, faults, host::Dirs, images};
 
 /// The older kubectls the matrix runs besides the cluster's own, oldest first: the Google
-/// Cloud SDK's builds 1.27 to 1.31 and its `kubectl` (a dispatcher, 1.32), which this
-/// machine's image carries. In CI every one must be there ([`missing_kubectls`]).
+/// Cloud SDK's builds 1.27 to 1.33 and its `kubectl` (a dispatcher), which this machine's
+/// image carries. In CI every one must be there ([`missing_kubectls`]).
 fn older_kubectls() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = (27..=31)
+    let mut v: Vec<PathBuf> = (27..=33)
         .map(|m| PathBuf::from(format!("/usr/lib/google-cloud-sdk/bin/kubectl.1.{m}")))
         .collect();
     v.push(PathBuf::from("/usr/bin/kubectl"));

@@ -18,8 +18,9 @@
 //!   incomplete after `Available=True`.
 //!
 //! What kube-apiserver and its controllers do is recorded, not judged: the checks fail only
-//! on what kpulse controls (following a rotation without a restart, refusing the old CA,
-//! complete answers once available, coming back at all).
+//! on what kpulse controls (following a rotation without a restart, within
+//! [`FOLLOW_BOUND`] of the new CA's publication; refusing the old CA; complete answers once
+//! available; coming back at all).
 
 use std::{
     collections::BTreeSet,
@@ -45,17 +46,18 @@ const READ_EVERY: Duration = Duration::from_millis(100);
 /// The longest any wait below may take.
 const RESTART_TIMEOUT: Duration = Duration::from_secs(120);
 const FOLLOW_TIMEOUT: Duration = Duration::from_secs(60);
-/// The longest a replica may take to follow the authentication ConfigMap once it changed
-/// (the README's troubleshooting promises seconds: 2–3 s measured, a watch event away), with
-/// room for a loaded CI machine; longer fails the check.
+/// The longest, in seconds, from the new CA seen in the authentication ConfigMap to every
+/// replica following it (a watch that kube-apiserver's restart broke retries at most 6 s
+/// apart, then a list; the README's troubleshooting says so), with room for a loaded CI
+/// machine; longer fails the check.
 const FOLLOW_BOUND: f64 = 10.0;
 
 /// Fails when the replicas took longer than [`FOLLOW_BOUND`] to follow a change.
 fn within_follow_bound(what: &str, took: f64) -> Result<()> {
     ensure!(
         took <= FOLLOW_BOUND,
-        "{what} {took:.1} s after the ConfigMap changed, above the {FOLLOW_BOUND} s the README \
-         promises"
+        "{what} {took:.1} s after the new CA was seen in the ConfigMap, above the \
+         {FOLLOW_BOUND} s the README promises"
     );
     Ok(())
 }
@@ -395,13 +397,13 @@ pub(super) fn front_proxy_rotation(ctx: &Ctx<'_>) -> Result<String> {
                 "requestheader-client-ca-file",
                 &ca.cert_pem,
             )?;
-            let kept_old =
-                auth_configmap(ctx, "requestheader-client-ca-file")?.contains(old_ca.trim());
             let followed = wait_until(
                 "every replica trusting the new front-proxy CA",
                 FOLLOW_TIMEOUT,
                 &new_proxy,
             )?;
+            let kept_old =
+                auth_configmap(ctx, "requestheader-client-ca-file")?.contains(old_ca.trim());
             let served = wait_until("kubectl top node", FOLLOW_TIMEOUT, || {
                 Ok(top_node(ctx).is_ok())
             })?;

@@ -66,7 +66,8 @@ const COMPUTATION_SECONDS: &str =
 #[derive(Debug)]
 pub(super) struct Phase {
     hpas: usize,
-    /// From the first HPA made to every one with a current metric.
+    /// From the start of the phase (the kind made, then the HPAs) to every HPA with a
+    /// current metric.
     to_active: f64,
     window: f64,
     reconciliations: f64,
@@ -87,21 +88,23 @@ pub(super) struct Phase {
     active_at_end: usize,
 }
 
-/// Makes the HPAs, measures them, removes them.
-pub(super) fn run(bench: &Bench<'_>, agents: &mut Agents) -> Result<Phase> {
+/// Removes what a killed run may have left, makes the HPAs, measures them, removes them.
+/// The outer error ends the run (the HPAs could not be removed); the inner one is the
+/// phase's own failure (a stop signal during it too), which the report gives in its place.
+pub(super) fn run(bench: &Bench<'_>, agents: &mut Agents) -> Result<Result<Phase>> {
     let rt = fleet::runtime()?;
     let client = rt.block_on(fleet::client(&bench.ctx.dirs.kubeconfig()))?;
     let shape = &bench.opts.shape;
+    rt.block_on(remove(&client, shape))
+        .context("removing the HPAs a previous run left")?;
     let measured = measure(bench, agents, &rt, &client);
-    let removed = rt.block_on(remove(&client, shape));
-    match (measured, removed) {
-        (Ok(phase), removed) => removed.map(|()| phase),
-        (Err(e), Err(r)) => {
-            eprintln!("bench-fleet: removing the HPAs: {r:#}");
-            Err(e)
-        }
-        (Err(e), Ok(())) => Err(e),
+    if let Ok(phase) = &measured {
+        print!("bench-fleet: {}", phase.report());
     }
+    rt.block_on(remove(&client, shape))
+        .context("removing the HPAs")?;
+    bench.stop.check()?;
+    Ok(measured)
 }
 
 fn measure(

@@ -250,15 +250,9 @@ fn discovery(dirs: &Dirs, dir: &Path, requests: usize, rate: u32) -> Result<Vec<
     }
     let file = dir.join("discovery.curl");
     fs::write(&file, config).with_context(|| format!("cannot write {}", file.display()))?;
-    let out = Command::new("curl")
+    let out = super::daemons::admin_curl(&dirs.pki)
         .args(["-sS", "--max-time"])
         .arg((requests as u64 / u64::from(rate) + 60).to_string())
-        .arg("--cacert")
-        .arg(dirs.pki.join("ca.crt"))
-        .arg("--cert")
-        .arg(dirs.pki.join("admin.crt"))
-        .arg("--key")
-        .arg(dirs.pki.join("admin.key"))
         .args(["--rate", &format!("{rate}/s")])
         .args(["-w", "%{http_code} %{time_total}\\n", "-K"])
         .arg(&file)

@@ -302,14 +302,8 @@ fn legacy_discovery(ctx: &Ctx<'_>) -> Result<String> {
 fn aggregated_discovery(ctx: &Ctx<'_>) -> Result<String> {
     let pki = &ctx.dirs.pki;
     let out = crate::exec::output(
-        Command::new("curl")
+        daemons::admin_curl(pki)
             .args(["--silent", "--show-error", "--fail", "--max-time", "10"])
-            .arg("--cacert")
-            .arg(pki.join("ca.crt"))
-            .arg("--cert")
-            .arg(pki.join("admin.crt"))
-            .arg("--key")
-            .arg(pki.join("admin.key"))
             .args([
                 "-H",
                 "Accept: application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",

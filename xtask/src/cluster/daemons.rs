@@ -20,6 +20,19 @@ pub fn apiserver_url() -> String {
     format!("https://{}:{APISERVER_PORT}", host::NODE_IP)
 }
 
+/// curl as the cluster's admin (its client certificate, the cluster CA trusted): a request
+/// to kube-apiserver without kubectl, when its bytes or timing are what is measured.
+pub fn admin_curl(pki: &Path) -> std::process::Command {
+    let mut curl = std::process::Command::new("curl");
+    curl.arg("--cacert")
+        .arg(pki.join("ca.crt"))
+        .arg("--cert")
+        .arg(pki.join("admin.crt"))
+        .arg("--key")
+        .arg(pki.join("admin.key"));
+    curl
+}
+
 fn s(v: &str) -> String {
     v.to_string()
 }

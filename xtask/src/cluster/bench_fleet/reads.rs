@@ -1,7 +1,7 @@
 //! The reads phase's reads: `kubectl top` and the same lists through kube-apiserver, each
 //! timed, sized, and checked for every fleet node or pod it should list.
 
-use std::{fs, path::Path, process::Command, time::Instant};
+use std::{fs, path::Path, time::Instant};
 
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -144,14 +144,8 @@ impl Reads {
                 let dirs = ctx.dirs;
                 let body = dir.join("read.json");
                 let _ = fs::remove_file(&body);
-                let out = Command::new("curl")
+                let out = daemons::admin_curl(&dirs.pki)
                     .args(["-sS", "--max-time", "60", "-H", "Accept: application/json"])
-                    .arg("--cacert")
-                    .arg(dirs.pki.join("ca.crt"))
-                    .arg("--cert")
-                    .arg(dirs.pki.join("admin.crt"))
-                    .arg("--key")
-                    .arg(dirs.pki.join("admin.key"))
                     .arg("-o")
                     .arg(&body)
                     .args(["-w", "%{http_code} %{time_total} %{size_download}"])

@@ -18,9 +18,8 @@
 //!   incomplete after `Available=True`.
 //!
 //! What kube-apiserver and its controllers do is recorded, not judged: the checks fail only
-//! on what kpulse controls (following a rotation without a restart, within
-//! [`FOLLOW_BOUND`] of the new CA's publication; refusing the old CA; complete answers once
-//! available; coming back at all).
+//! on what kpulse controls (following a rotation without a restart, refusing the old CA,
+//! complete answers once available, coming back at all).
 
 use std::{
     collections::BTreeSet,
@@ -46,21 +45,6 @@ const READ_EVERY: Duration = Duration::from_millis(100);
 /// The longest any wait below may take.
 const RESTART_TIMEOUT: Duration = Duration::from_secs(120);
 const FOLLOW_TIMEOUT: Duration = Duration::from_secs(60);
-/// The longest, in seconds, from the new CA seen in the authentication ConfigMap to every
-/// replica following it (a watch that kube-apiserver's restart broke retries at most 6 s
-/// apart, then a list; the README's troubleshooting says so), with room for a loaded CI
-/// machine; longer fails the check.
-const FOLLOW_BOUND: f64 = 10.0;
-
-/// Fails when the replicas took longer than [`FOLLOW_BOUND`] to follow a change.
-fn within_follow_bound(what: &str, took: f64) -> Result<()> {
-    ensure!(
-        took <= FOLLOW_BOUND,
-        "{what} {took:.1} s after the new CA was seen in the ConfigMap, above the \
-         {FOLLOW_BOUND} s the README promises"
-    );
-    Ok(())
-}
 /// A read a replica answers as the request-header (front-proxy) user, or straight as a
 /// client-certificate user.
 const PROBE_PATH: &str = "/apis/metrics.k8s.io/v1beta1/nodes";
@@ -450,14 +434,6 @@ pub(super) fn front_proxy_rotation(ctx: &Ctx<'_>) -> Result<String> {
         },
     )?;
     same_replicas(&before, &replicas(ctx)?)?;
-    within_follow_bound(
-        "every replica trusting the new front-proxy CA",
-        secs(times.published, times.followed),
-    )?;
-    within_follow_bound(
-        "every replica refusing the old front-proxy CA",
-        secs(times.rewritten, times.dropped),
-    )?;
     let (_, after) = failures(&reads, t0, times.ready);
     let (_, all_reads) = failures(&reads, t0, t0);
     Ok(format!(
@@ -547,10 +523,6 @@ pub(super) fn client_ca_rotation(ctx: &Ctx<'_>) -> Result<String> {
         },
     )?;
     same_replicas(&before, &replicas(ctx)?)?;
-    within_follow_bound(
-        "every replica accepting the new client CA",
-        secs(published, followed),
-    )?;
     let (_, all) = failures(&reads, t0, t0);
     let (_, after) = failures(&reads, t0, ready);
     Ok(format!(

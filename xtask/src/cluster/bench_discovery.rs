@@ -33,12 +33,13 @@ use std::{
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
 
-use super::{daemons, host::Dirs};
+use super::{
+    check::{DEPLOYMENT, NAMESPACE, SELECTOR},
+    daemons,
+    host::Dirs,
+};
 use crate::harness::{self, Agents, Pki, Stop};
 
-const NAMESPACE: &str = "kpulse-system";
-const DEPLOYMENT: &str = "deployment/kpulse-aggregator-api";
-const SELECTOR: &str = "app.kubernetes.io/name=kpulse-aggregator-api";
 const SECRET: &str = "kpulse-bench-agents-ca";
 const MOUNT: &str = "/etc/kpulse/bench-agents";
 

@@ -39,6 +39,13 @@ use serde_json::Value;
 
 use super::{daemons, faults, host::Dirs, images};
 
+/// kpulse's namespace, its aggregator-api Deployment (as kubectl names it) and the
+/// Deployment's pod selector, as deploy/ has them: what the checks and the benchmarks that
+/// change the Deployment act on.
+pub(super) const NAMESPACE: &str = "kpulse-system";
+pub(super) const DEPLOYMENT: &str = "deployment/kpulse-aggregator-api";
+pub(super) const SELECTOR: &str = "app.kubernetes.io/name=kpulse-aggregator-api";
+
 /// The older kubectls the matrix runs besides the cluster's own, oldest first: the Google
 /// Cloud SDK's builds 1.27 to 1.33 and its `kubectl` (a dispatcher), which this machine's
 /// image carries. In CI every one must be there ([`missing_kubectls`]).

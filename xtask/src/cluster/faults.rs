@@ -34,11 +34,11 @@ use std::{
 use anyhow::{anyhow, ensure, Context, Result};
 use serde_json::Value;
 
-use super::{check::Ctx, host, pki};
+use super::{
+    check::{Ctx, DEPLOYMENT, NAMESPACE, SELECTOR},
+    host, pki,
+};
 
-const NAMESPACE: &str = "kpulse-system";
-const DEPLOYMENT: &str = "deployment/kpulse-aggregator-api";
-const SELECTOR: &str = "app.kubernetes.io/name=kpulse-aggregator-api";
 const APISERVICES: [&str; 2] = ["v1beta1.metrics.k8s.io", "v1.metrics.k8s.io"];
 /// How often the readers read.
 const READ_EVERY: Duration = Duration::from_millis(100);

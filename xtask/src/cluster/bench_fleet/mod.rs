@@ -49,7 +49,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value};
 
 use super::{
-    check::{container_pid, Ctx},
+    check::{container_pid, Ctx, DEPLOYMENT, NAMESPACE, SELECTOR},
     daemons, fleet,
     host::Dirs,
     versions,
@@ -64,9 +64,6 @@ mod report;
 use agents::Agents;
 use reads::{Reads, Want};
 
-const NAMESPACE: &str = "kpulse-system";
-const DEPLOYMENT: &str = "deployment/kpulse-aggregator-api";
-const SELECTOR: &str = "app.kubernetes.io/name=kpulse-aggregator-api";
 /// The replicas' HTTPS port (readyz), as deploy/ has it.
 const HTTPS_PORT: u16 = 10250;
 /// Where, in the cluster's state, kpulse's APIServices are kept while the benchmark runs.

@@ -346,6 +346,11 @@ impl Identity {
                         RejectReason::InvalidCredentials,
                         e.to_string(),
                     )),
+                    Err(e @ AuthnFailure::Busy { .. }) => Err(Refusal::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        RejectReason::AuthBusy,
+                        format!("too many agents connecting at once ({e})"),
+                    )),
                     Err(e) => Err(Refusal::new(
                         StatusCode::SERVICE_UNAVAILABLE,
                         RejectReason::AuthUnavailable,
@@ -1054,6 +1059,39 @@ mod tests {
             "{}",
             e.message
         );
+
+        // Too many reviews under way: 503 at once, counted apart from an API outage.
+        let busy = Identity {
+            tokens: Some(Arc::new(
+                TokenAuthenticator::new(
+                    api.client(),
+                    TokenConfig {
+                        audiences: vec![DEFAULT_AUDIENCE.into()],
+                        max_in_flight: 1,
+                        queue_wait: Duration::from_millis(50),
+                        ..TokenConfig::default()
+                    },
+                )
+                .expect("authenticator"),
+            )),
+            ..identity(&api, None)
+        };
+        api.set_delay(Duration::from_millis(400));
+        let (first, second) = (token("node-a-token"), token("unbound-token"));
+        let (slow, turned_away) = tokio::join!(busy.authenticate(&first), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            busy.authenticate(&second).await
+        });
+        assert_eq!(
+            slow.expect("reviewed").bound_node.as_deref(),
+            Some("node-a")
+        );
+        let e = turned_away.expect_err("busy");
+        assert_eq!(
+            (e.status, e.reason),
+            (StatusCode::SERVICE_UNAVAILABLE, RejectReason::AuthBusy)
+        );
+        api.set_delay(Duration::ZERO);
 
         // The Kubernetes API gone: fail closed, and say so.
         api.stop().await;

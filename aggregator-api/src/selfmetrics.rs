@@ -129,6 +129,9 @@ pub enum RejectReason {
     WrongNode,
     /// The Kubernetes API could not review the token.
     AuthUnavailable,
+    /// Too many token reviews under way here: turned away at once, before any was sent
+    /// ([`TokenConfig::queue_wait`](crate::auth::delegated::TokenConfig::queue_wait)).
+    AuthBusy,
     /// `--max-agent-streams` reached.
     TooManyStreams,
     /// The server is shutting down.
@@ -137,7 +140,7 @@ pub enum RejectReason {
 
 impl RejectReason {
     /// Every reason.
-    pub const ALL: [RejectReason; 11] = [
+    pub const ALL: [RejectReason; 12] = [
         RejectReason::BadRequest,
         RejectReason::BadVersion,
         RejectReason::BadHello,
@@ -147,6 +150,7 @@ impl RejectReason {
         RejectReason::ForbiddenIdentity,
         RejectReason::WrongNode,
         RejectReason::AuthUnavailable,
+        RejectReason::AuthBusy,
         RejectReason::TooManyStreams,
         RejectReason::ShuttingDown,
     ];
@@ -163,6 +167,7 @@ impl RejectReason {
             RejectReason::ForbiddenIdentity => "forbidden_identity",
             RejectReason::WrongNode => "wrong_node",
             RejectReason::AuthUnavailable => "auth_unavailable",
+            RejectReason::AuthBusy => "auth_busy",
             RejectReason::TooManyStreams => "too_many_streams",
             RejectReason::ShuttingDown => "shutting_down",
         }

@@ -29,6 +29,7 @@ use k8s_openapi::{
             ConfigMap, Container, Namespace, PodSpec, ResourceQuota, Secret, Service,
             ServiceAccount, Volume,
         },
+        flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration},
         networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort},
         policy::v1::PodDisruptionBudget,
         rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, Subject},
@@ -49,6 +50,8 @@ const AGENTS_SERVICE: &str = "kpulse-aggregator-agents";
 const SECRET: &str = "kpulse-serving-cert";
 const CA_CONFIGMAP: &str = "kpulse-ca";
 const AUDIENCE: &str = "kpulse";
+/// The FlowSchema and priority level of the server's reviews (deploy/base/flowcontrol.yaml).
+const REVIEWS_FLOW: &str = "kpulse-reviews";
 
 // ---------------------------------------------------------------------------------------------
 // Every call the binaries make to the Kubernetes API.
@@ -688,12 +691,23 @@ fn every_object_is_typed_and_namespaced_on_purpose() {
                 ("apiregistration.k8s.io/v1", "APIService") => {
                     typed::<ApiService>(d);
                 }
+                ("flowcontrol.apiserver.k8s.io/v1", "FlowSchema") => {
+                    typed::<FlowSchema>(d);
+                }
+                ("flowcontrol.apiserver.k8s.io/v1", "PriorityLevelConfiguration") => {
+                    typed::<PriorityLevelConfiguration>(d);
+                }
                 other => panic!("{render}: unexpected object {other:?}"),
             }
             let ns = d["metadata"]["namespace"].as_str();
             let cluster_scoped = matches!(
                 kind,
-                "Namespace" | "ClusterRole" | "ClusterRoleBinding" | "APIService"
+                "Namespace"
+                    | "ClusterRole"
+                    | "ClusterRoleBinding"
+                    | "APIService"
+                    | "FlowSchema"
+                    | "PriorityLevelConfiguration"
             );
             match (cluster_scoped, ns) {
                 (true, None) => {}
@@ -730,6 +744,8 @@ fn every_object_is_typed_and_namespaced_on_purpose() {
         ("ClusterRole", "system:aggregated-metrics-reader"),
         ("NetworkPolicy", SERVER),
         ("NetworkPolicy", AGENT),
+        ("FlowSchema", REVIEWS_FLOW),
+        ("PriorityLevelConfiguration", REVIEWS_FLOW),
     ] {
         assert!(
             base.iter()
@@ -954,6 +970,76 @@ fn custom_metrics_overlay_adds_the_group_and_nothing_else() {
     }
 }
 
+/// Whether `rule` of a FlowSchema matches `call` (k8s.io/apiserver's flowcontrol matching:
+/// a subject, then a resource rule with the verb, group, resource, and the scope).
+fn flow_rule_matches(
+    rule: &k8s_openapi::api::flowcontrol::v1::PolicyRulesWithSubjects,
+    c: &Call,
+) -> bool {
+    let subject = rule.subjects.iter().any(|s| {
+        s.kind == "ServiceAccount"
+            && s.service_account
+                .as_ref()
+                .is_some_and(|sa| sa.namespace == NS && (sa.name == c.sa || sa.name == "*"))
+    });
+    let listed = |list: &[String], v: &str| list.iter().any(|x| x == v || x == "*");
+    let resource = rule.resource_rules.iter().flatten().any(|r| {
+        listed(&r.verbs, c.verb)
+            && listed(&r.api_groups, c.group)
+            && listed(&r.resources, c.resource)
+            && match c.namespace {
+                None => r.cluster_scope == Some(true),
+                Some(ns) => r.namespaces.iter().flatten().any(|n| n == ns || n == "*"),
+            }
+    });
+    subject && resource
+}
+
+#[test]
+fn the_servers_reviews_have_a_priority_level_of_their_own() {
+    let docs = &fixture().base;
+    let schema: FlowSchema = one(docs, "FlowSchema", REVIEWS_FLOW);
+    let spec = schema.spec.as_ref().expect("spec");
+    // Ahead of the built-in `service-accounts` schema (9000) that would take them otherwise.
+    let precedence = spec.matching_precedence.expect("matchingPrecedence");
+    assert!(
+        (1..9000).contains(&precedence),
+        "matchingPrecedence {precedence}"
+    );
+    assert_eq!(spec.priority_level_configuration.name, REVIEWS_FLOW);
+    let level: PriorityLevelConfiguration = one(docs, "PriorityLevelConfiguration", REVIEWS_FLOW);
+    let level = level.spec.as_ref().expect("spec");
+    assert_eq!(level.type_, "Limited");
+    let limited = level.limited.as_ref().expect("limited");
+    assert!(limited.nominal_concurrency_shares.unwrap_or(0) > 0);
+    let queuing = limited
+        .limit_response
+        .as_ref()
+        .and_then(|r| r.queuing.as_ref())
+        .expect("requests queue rather than being rejected at once");
+    // Room for every replica's reviews in flight (aggregator-api's default 32 each, the
+    // `ha` overlay's 3 replicas).
+    let room = queuing.queue_length_limit.unwrap_or(50) * queuing.queues.unwrap_or(64);
+    let in_flight = kpulse_aggregator_api::auth::delegated::TokenConfig::default().max_in_flight;
+    assert!(
+        room >= 3 * i32::try_from(in_flight).expect("small"),
+        "queues hold {room}"
+    );
+    // Exactly the review calls of the server's table: every one matched, nothing else.
+    let rules = &spec.rules.as_deref().expect("rules");
+    for c in CALLS {
+        let review = c.sa == SERVER && c.resource.ends_with("reviews");
+        let matched = rules.iter().any(|r| flow_rule_matches(r, c));
+        assert_eq!(matched, review, "{c:?} matched: {matched}");
+    }
+    assert!(CALLS
+        .iter()
+        .any(|c| c.sa == SERVER && c.resource == "tokenreviews"));
+    assert!(CALLS
+        .iter()
+        .any(|c| c.sa == SERVER && c.resource == "subjectaccessreviews"));
+}
+
 #[test]
 fn probes_ask_the_health_paths_over_https() {
     let docs = &fixture().base;
@@ -977,6 +1063,9 @@ fn probes_ask_the_health_paths_over_https() {
         );
     }
     assert!(c.startup_probe.is_none());
+    // A replica busy with a reconnect storm must not be restarted for answering late.
+    let liveness = c.liveness_probe.as_ref().expect("liveness");
+    assert!(liveness.timeout_seconds.unwrap_or(1) >= 5);
 }
 
 #[test]

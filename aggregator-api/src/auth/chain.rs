@@ -166,7 +166,10 @@ impl Unauthenticated {
             matches!(
                 r,
                 Refusal::Token(
-                    AuthnFailure::Review { .. } | AuthnFailure::Timeout { .. } | AuthnFailure::Lost
+                    AuthnFailure::Review { .. }
+                        | AuthnFailure::Timeout { .. }
+                        | AuthnFailure::Lost
+                        | AuthnFailure::Busy { .. }
                 )
             )
         })

@@ -122,6 +122,13 @@ pub struct TokenConfig {
     /// (11 of 3,002 rejected with 1,500 agents over 15 s, `cluster bench-fleet`), where
     /// waiting here costs kube-apiserver nothing.
     pub max_in_flight: usize,
+    /// Longest wait for one of the [`Self::max_in_flight`] places. Past it the look-up
+    /// fails at once with [`AuthnFailure::Busy`] and no review is sent: an agent (whose
+    /// handshake waits 10 s) is told to come back later, with its own jittered backoff,
+    /// instead of waiting past its patience for a review it would not be there to take
+    /// (at 10,000 agents, reviews that ended after their agent left kept the queue from
+    /// ever draining: docs/design/scale.md).
+    pub queue_wait: Duration,
 }
 
 impl Default for TokenConfig {
@@ -132,6 +139,7 @@ impl Default for TokenConfig {
             audiences: Vec::new(),
             timeout: Duration::from_secs(10),
             max_in_flight: 32,
+            queue_wait: Duration::from_secs(2),
         }
     }
 }
@@ -163,6 +171,15 @@ pub enum AuthnFailure {
     /// The review ended without an answer.
     #[error("TokenReview ended without an answer")]
     Lost,
+    /// No place among [`TokenConfig::max_in_flight`] within [`TokenConfig::queue_wait`]:
+    /// too many reviews under way; nothing was sent.
+    #[error("{waiting} TokenReviews in flight for longer than {after:?}; try again later")]
+    Busy {
+        /// The places, all taken.
+        waiting: usize,
+        /// [`TokenConfig::queue_wait`].
+        after: Duration,
+    },
 }
 
 impl ReviewError for AuthnFailure {
@@ -221,12 +238,16 @@ impl TokenAuthenticator {
         let key = self.keyer.key(token, &self.config.audiences);
         let api = self.api.clone();
         let audiences = self.config.audiences.clone();
-        let timeout = self.config.timeout;
+        let limits = ReviewLimits {
+            timeout: self.config.timeout,
+            queue_wait: self.config.queue_wait,
+            places: self.config.max_in_flight.max(1),
+        };
         let token = token.to_owned();
         let in_flight = self.in_flight.clone();
         self.cache
             .get_or_review(key, true, move || {
-                review_token(api, token, audiences, timeout, in_flight)
+                review_token(api, token, audiences, limits, in_flight)
             })
             .await
     }
@@ -237,13 +258,34 @@ impl TokenAuthenticator {
     }
 }
 
+/// How long one review may wait and take, from [`TokenConfig`].
+#[derive(Clone, Copy, Debug)]
+struct ReviewLimits {
+    timeout: Duration,
+    queue_wait: Duration,
+    places: usize,
+}
+
 async fn review_token(
     api: Api<authn::TokenReview>,
     token: String,
     audiences: Vec<String>,
-    timeout: Duration,
+    limits: ReviewLimits,
     in_flight: Arc<tokio::sync::Semaphore>,
 ) -> Result<Option<UserInfo>, AuthnFailure> {
+    let started = Instant::now();
+    let timeout = limits.timeout;
+    let busy = AuthnFailure::Busy {
+        waiting: limits.places,
+        after: limits.queue_wait,
+    };
+    let place =
+        match tokio::time::timeout(limits.queue_wait.min(timeout), in_flight.acquire()).await {
+            Ok(Ok(place)) => place,
+            // The semaphore is never closed.
+            Ok(Err(_)) => return Err(AuthnFailure::Lost),
+            Err(_) => return Err(busy),
+        };
     let review = authn::TokenReview {
         spec: authn::TokenReviewSpec {
             token: Some(token),
@@ -251,12 +293,9 @@ async fn review_token(
         },
         ..Default::default()
     };
-    let answer = tokio::time::timeout(timeout, async {
-        // Never closed: a permit always comes, in turn.
-        let _place = in_flight.acquire().await;
-        api.create(&PostParams::default(), &review).await
-    })
-    .await;
+    let left = timeout.saturating_sub(started.elapsed());
+    let answer = tokio::time::timeout(left, api.create(&PostParams::default(), &review)).await;
+    drop(place);
     drop(review);
     let answer = match answer {
         Err(_) => return Err(AuthnFailure::Timeout { after: timeout }),
@@ -1248,6 +1287,51 @@ mod tests {
         assert_eq!(api.token_reviews(), 20);
         // Never more than the bound, and the bound used (20 reviews of 50 ms each).
         assert_eq!(api.most_in_flight(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_look_up_that_waits_too_long_for_a_place_is_turned_away_unsent() {
+        let api = token_api().await;
+        api.set_delay(Duration::from_millis(600));
+        let t = Arc::new(tokens(
+            &api,
+            TokenConfig {
+                max_in_flight: 1,
+                queue_wait: Duration::from_millis(100),
+                ..short()
+            },
+        ));
+        let first = {
+            let t = t.clone();
+            tokio::spawn(async move { t.authenticate("good-first").await })
+        };
+        // The first holds the only place for 600 ms.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let waited = Instant::now();
+        let second = t.authenticate("good-second").await;
+        assert_eq!(
+            second,
+            Err(AuthnFailure::Busy {
+                waiting: 1,
+                after: Duration::from_millis(100)
+            })
+        );
+        assert!(
+            waited.elapsed() < Duration::from_millis(400),
+            "turned away early"
+        );
+        let first = first.await.expect("task").expect("review");
+        assert_eq!(first.map(|u| u.name), Some("first".into()));
+        assert_eq!(
+            api.token_reviews(),
+            1,
+            "the turned-away review was never sent"
+        );
+        // Not cached: once a place is free, the same token is reviewed.
+        let again = t.authenticate("good-second").await.expect("review");
+        assert_eq!(again.map(|u| u.name), Some("second".into()));
+        assert_eq!(api.token_reviews(), 2);
+        assert_eq!(t.metrics().errors, 1);
     }
 
     #[tokio::test]

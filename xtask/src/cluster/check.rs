@@ -2,7 +2,9 @@
 //!
 //! Against a cluster that `cluster up --install` made (kpulse installed as the README
 //! says), it shows and times:
-//! - both metrics.k8s.io APIServices `Available=True`; discovery through kube-apiserver,
+//! - both metrics.k8s.io APIServices `Available=True`; kpulse's TokenReviews and
+//!   SubjectAccessReviews at a priority level of their own ([`super::flowcontrol`]);
+//!   discovery through kube-apiserver,
 //!   legacy (`/apis/metrics.k8s.io/<version>`) and aggregated (`/apis` as
 //!   `APIGroupDiscoveryList`);
 //! - `kubectl top node`, `top pod -A`, `top pod --containers`, `get podmetrics -A` with every
@@ -144,8 +146,12 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>, with_faults: bool)
         ..Ctx::new(dirs, kubectl)
     };
     type Check = fn(&Ctx<'_>) -> Result<String>;
-    let first: [(&str, Check); 6] = [
+    let first: [(&str, Check); 7] = [
         ("APIServices v1beta1 and v1 Available=True", apiservices),
+        (
+            "kpulse's reviews at a kube-apiserver priority level of their own",
+            super::flowcontrol::reviews_have_their_own_level,
+        ),
         (
             "node CPU and memory as the kubelet's /metrics/resource (target ±2 %)",
             super::fallback::node_figures,

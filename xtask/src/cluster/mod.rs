@@ -21,6 +21,7 @@ mod daemons;
 mod fallback;
 mod faults;
 mod fleet;
+mod flowcontrol;
 pub(crate) mod gobuild;
 mod host;
 mod images;

@@ -25,6 +25,11 @@
 //!      measured; then one replica's process is killed (SIGKILL, the kubelet restarts it in
 //!      the same Pod) and timed until its readyz answers 200 again;
 //!
+//!    with `--flowschema-every-other-round`, the "on" arms of rounds 2, 4, … run without
+//!    kpulse's FlowSchema for its reviews (its TokenReviews then queue with every other
+//!    ServiceAccount's requests, as before deploy/ had it), to show what it changes in the
+//!    same run;
+//!
 //!    each measured over `--window-secs` after `--settle-secs`: CPU (`utime + stime`) and RSS
 //!    of kube-apiserver and etcd (the processes `cluster up` started), kube-apiserver's
 //!    requests (`apiserver_request_total`), TokenReviews, requests APF rejected, and watches;
@@ -68,6 +73,11 @@ use reads::{Reads, Want};
 const HTTPS_PORT: u16 = 10250;
 /// Where, in the cluster's state, kpulse's APIServices are kept while the benchmark runs.
 const APISERVICES_KEPT: &str = "bench-fleet-apiservices.json";
+/// Where, in the cluster's state, kpulse's FlowSchema is kept while the benchmark runs
+/// (`--flowschema-every-other-round`).
+const FLOWSCHEMA_KEPT: &str = "bench-fleet-flowschema.json";
+/// kpulse's FlowSchema for its reviews, as deploy/ names it.
+const FLOWSCHEMA: &str = "kpulse-reviews";
 /// Where, in the cluster's state, the Deployment's replicas are kept while the benchmark
 /// runs (it scales them to 0 for the off arms and while it makes the fleet).
 const REPLICAS_KEPT: &str = "bench-fleet-replicas";
@@ -113,6 +123,11 @@ pub struct Options {
     /// aggregator-api replicas in the "on" arms (default: the Deployment's own).
     #[arg(long)]
     replicas: Option<u64>,
+    /// Take kpulse's FlowSchema for its reviews (deploy/base/flowcontrol.yaml) away in the
+    /// "on" arm of every second round (rounds 2, 4, …), to compare starts and restarts with
+    /// and without it in one run, alternating.
+    #[arg(long)]
+    flowschema_every_other_round: bool,
     /// Use the release binaries as they are.
     #[arg(long)]
     no_build: bool,
@@ -188,6 +203,8 @@ struct Saved {
     /// Every APIService whose service is in kpulse's namespace, as `kubectl create` takes
     /// it back.
     apiservices: Vec<Value>,
+    /// kpulse's FlowSchema, likewise, when `--flowschema-every-other-round` takes it away.
+    flowschema: Option<Value>,
 }
 
 impl Saved {
@@ -220,6 +237,8 @@ struct Cost {
 /// What one "on" arm saw besides its cost.
 #[derive(Debug, Default)]
 struct OnArm {
+    /// Whether kpulse's FlowSchema was there (`--flowschema-every-other-round`).
+    flowschema: bool,
     /// From starting the agents to every replica ready.
     start_to_ready: f64,
     start_tokenreviews: f64,
@@ -337,13 +356,79 @@ impl Bench<'_> {
         }
         fs::write(&kept_replicas, replicas.to_string())
             .with_context(|| format!("cannot write {}", kept_replicas.display()))?;
+        let flowschema = if self.opts.flowschema_every_other_round {
+            Some(self.saved_flowschema()?)
+        } else {
+            None
+        };
         Ok(Saved {
             replicas,
             on_replicas: self.opts.replicas,
             args: container["args"].clone(),
             memory_limit: container["resources"]["limits"]["memory"].clone(),
             apiservices,
+            flowschema,
         })
+    }
+
+    /// kpulse's FlowSchema as applied; from the cluster's state when an earlier run stopped
+    /// while it was away.
+    fn saved_flowschema(&self) -> Result<Value> {
+        let kept = self.ctx.dirs.state.join(FLOWSCHEMA_KEPT);
+        let found = self.kubectl(&[
+            "get",
+            "flowschema",
+            FLOWSCHEMA,
+            "--ignore-not-found",
+            "-o",
+            "json",
+        ])?;
+        let schema = if found.trim().is_empty() {
+            let text = fs::read_to_string(&kept).with_context(|| {
+                format!(
+                    "no FlowSchema {FLOWSCHEMA} (deploy/base/flowcontrol.yaml) in the cluster                      nor in {}: `kubectl apply -k deploy/` puts it back",
+                    kept.display()
+                )
+            })?;
+            println!(
+                "bench-fleet: FlowSchema {FLOWSCHEMA} is missing (an earlier run stopped while                  it was away): put back from {}",
+                kept.display()
+            );
+            serde_json::from_str(&text)
+                .with_context(|| format!("{}: not a FlowSchema", kept.display()))?
+        } else {
+            as_applied(serde_json::from_str(&found).context("kubectl printed no JSON")?)
+        };
+        fs::write(&kept, schema.to_string())
+            .with_context(|| format!("cannot write {}", kept.display()))?;
+        Ok(schema)
+    }
+
+    /// Takes kpulse's FlowSchema away (`present` false) or puts it back, if the run changes it.
+    fn set_flowschema(&self, saved: &Saved, present: bool) -> Result<()> {
+        let Some(schema) = &saved.flowschema else {
+            return Ok(());
+        };
+        if !present {
+            return self
+                .kubectl(&["delete", "flowschema", FLOWSCHEMA, "--ignore-not-found"])
+                .map(drop);
+        }
+        let found = self.kubectl(&[
+            "get",
+            "flowschema",
+            FLOWSCHEMA,
+            "--ignore-not-found",
+            "-o",
+            "name",
+        ])?;
+        if found.trim().is_empty() {
+            let file = self.dir.join("flowschema.json");
+            fs::write(&file, schema.to_string())
+                .with_context(|| format!("cannot write {}", file.display()))?;
+            self.kubectl(&["create", "-f", &file.display().to_string()])?;
+        }
+        Ok(())
     }
 
     /// Removes kpulse's APIServices (the "off" arm).
@@ -409,7 +494,8 @@ impl Bench<'_> {
     fn restore(&self, saved: &Saved) -> Result<()> {
         let apiservices = self
             .ensure_apiservices(saved)
-            .context("kpulse's APIServices were not put back");
+            .and_then(|()| self.set_flowschema(saved, true))
+            .context("kpulse's APIServices or FlowSchema were not put back");
         let deployment = self
             .restore_deployment(saved)
             .context("the aggregator-api Deployment was not put back");
@@ -417,6 +503,7 @@ impl Bench<'_> {
             (Ok(()), Ok(())) => {
                 // Back in the cluster: nothing for a later run to put back.
                 let _ = fs::remove_file(self.ctx.dirs.state.join(APISERVICES_KEPT));
+                let _ = fs::remove_file(self.ctx.dirs.state.join(FLOWSCHEMA_KEPT));
                 let _ = fs::remove_file(self.ctx.dirs.state.join(REPLICAS_KEPT));
                 Ok(())
             }
@@ -565,9 +652,13 @@ impl Bench<'_> {
                     println!("bench-fleet: round {}/{}: on", round + 1, opts.rounds);
                     let (cost, arm) = self.on_arm(saved, round)?;
                     println!(
-                        "bench-fleet: {cost:?}; start to ready {:.1} s, TokenReviews {}, \
-                         rejected {}; {:?}",
-                        arm.start_to_ready, arm.start_tokenreviews, arm.start_rejected, arm.restart
+                        "bench-fleet: {cost:?}; FlowSchema {}; start to ready {:.1} s, \
+                         TokenReviews {}, rejected {}; {:?}",
+                        arm.flowschema,
+                        arm.start_to_ready,
+                        arm.start_tokenreviews,
+                        arm.start_rejected,
+                        arm.restart
                     );
                     on.push(cost);
                     arms.push(arm);
@@ -662,9 +753,12 @@ impl Bench<'_> {
     }
 
     fn on_arm(&self, saved: &Saved, round: usize) -> Result<(Cost, OnArm)> {
+        let flowschema = saved.flowschema.is_none() || round.is_multiple_of(2);
+        self.set_flowschema(saved, flowschema)?;
         let (mut agents, start_to_ready, before) = self.start_on(saved)?;
         let ready = self.sample()?;
         let mut arm = OnArm {
+            flowschema,
             start_to_ready,
             start_tokenreviews: tokenreviews(&ready.metrics) - tokenreviews(&before.metrics),
             start_rejected: rejected(&ready.metrics) - rejected(&before.metrics),
@@ -681,6 +775,7 @@ impl Bench<'_> {
         arm.restart = self.restart(round)?;
         agents.check_running()?;
         arm.summary = agents.stop()?;
+        self.set_flowschema(saved, true)?;
         Ok((cost, arm))
     }
 
@@ -855,17 +950,20 @@ fn kpulse_apiservices(list: &Value) -> Vec<Value> {
         .into_iter()
         .flatten()
         .filter(|a| a["spec"]["service"]["namespace"] == NAMESPACE)
-        .map(|a| {
-            let mut a = a.clone();
-            if let Some(o) = a.as_object_mut() {
-                o.remove("status");
-            }
-            if let Some(m) = a["metadata"].as_object_mut() {
-                m.retain(|k, _| matches!(k.as_str(), "name" | "labels" | "annotations"));
-            }
-            a
-        })
+        .map(|a| as_applied(a.clone()))
         .collect()
+}
+
+/// `object` without what the server sets (status, uid, resourceVersion, timestamps,
+/// managed fields), as `kubectl create` takes it back.
+fn as_applied(mut object: Value) -> Value {
+    if let Some(o) = object.as_object_mut() {
+        o.remove("status");
+    }
+    if let Some(m) = object["metadata"].as_object_mut() {
+        m.retain(|k, _| matches!(k.as_str(), "name" | "labels" | "annotations"));
+    }
+    object
 }
 
 fn tokenreviews(m: &Metrics) -> f64 {

@@ -22,7 +22,7 @@ impl Bench<'_> {
             "### {} kwok nodes × {} pods × {} containers, {} namespaces (`cargo xtask cluster \
              bench-fleet --nodes {} --pods {} --containers {} --namespaces {} --rounds {} \
              --window-secs {} --settle-secs {} --ramp-secs {} --resolution-ms {} \
-             --agent-processes {}{}`, commit {})\n\n",
+             --agent-processes {}{}{}`, commit {})\n\n",
             shape.nodes,
             shape.pods,
             shape.containers,
@@ -40,6 +40,11 @@ impl Bench<'_> {
             opts.replicas
                 .map(|r| format!(" --replicas {r}"))
                 .unwrap_or_default(),
+            if opts.flowschema_every_other_round {
+                " --flowschema-every-other-round"
+            } else {
+                ""
+            },
             commit.trim(),
         );
         let cell = |v: Vec<f64>, scale: f64, digits: usize| {
@@ -100,17 +105,18 @@ impl Bench<'_> {
              missing: a figure near 60 s is that timeout), and every fleet node served from its \
              agent on every replica. TokenReviews, APF rejections and kube-apiserver's CPU from \
              just before the kill to then:\n\n\
-             | round | start → every Pod Ready (s) | TokenReviews | APF rejected | kill → \
+             | round | kpulse FlowSchema | start → every Pod Ready (s) | TokenReviews | APF rejected | kill → \
              answering (s) | kill → readyz 200 (s) | kill → all from agents (s) | TokenReviews | \
              APF rejected | kube-apiserver during (mCPU) | ticks sent / unsent | pod-watch \
-             events / errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+             events / errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for (i, a) in arms.iter().enumerate() {
             let r = &a.restart;
             out.push_str(&format!(
-                "| {} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {:.0} | {} \
-                 / {} | {} / {} |\n",
+                "| {} | {} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {:.0} \
+                 | {} / {} | {} / {} |\n",
                 i + 1,
+                if a.flowschema { "yes" } else { "no" },
                 a.start_to_ready,
                 a.start_tokenreviews,
                 a.start_rejected,

@@ -375,23 +375,18 @@ impl Bench<'_> {
     /// while it was away.
     fn saved_flowschema(&self) -> Result<Value> {
         let kept = self.ctx.dirs.state.join(FLOWSCHEMA_KEPT);
-        let found = self.kubectl(&[
-            "get",
-            "flowschema",
-            FLOWSCHEMA,
-            "--ignore-not-found",
-            "-o",
-            "json",
-        ])?;
+        let found = self.flowschema("json")?;
         let schema = if found.trim().is_empty() {
             let text = fs::read_to_string(&kept).with_context(|| {
                 format!(
-                    "no FlowSchema {FLOWSCHEMA} (deploy/base/flowcontrol.yaml) in the cluster                      nor in {}: `kubectl apply -k deploy/` puts it back",
+                    "no FlowSchema {FLOWSCHEMA} (deploy/base/flowcontrol.yaml) in the cluster \
+                     nor in {}: `kubectl apply -k deploy/` puts it back",
                     kept.display()
                 )
             })?;
             println!(
-                "bench-fleet: FlowSchema {FLOWSCHEMA} is missing (an earlier run stopped while                  it was away): put back from {}",
+                "bench-fleet: FlowSchema {FLOWSCHEMA} is missing (an earlier run stopped while \
+                 it was away): put back from {}",
                 kept.display()
             );
             serde_json::from_str(&text)
@@ -404,6 +399,18 @@ impl Bench<'_> {
         Ok(schema)
     }
 
+    /// `kubectl get` of kpulse's FlowSchema as `output`; empty when there is none.
+    fn flowschema(&self, output: &str) -> Result<String> {
+        self.kubectl(&[
+            "get",
+            "flowschema",
+            FLOWSCHEMA,
+            "--ignore-not-found",
+            "-o",
+            output,
+        ])
+    }
+
     /// Takes kpulse's FlowSchema away (`present` false) or puts it back, if the run changes it.
     fn set_flowschema(&self, saved: &Saved, present: bool) -> Result<()> {
         let Some(schema) = &saved.flowschema else {
@@ -414,15 +421,7 @@ impl Bench<'_> {
                 .kubectl(&["delete", "flowschema", FLOWSCHEMA, "--ignore-not-found"])
                 .map(drop);
         }
-        let found = self.kubectl(&[
-            "get",
-            "flowschema",
-            FLOWSCHEMA,
-            "--ignore-not-found",
-            "-o",
-            "name",
-        ])?;
-        if found.trim().is_empty() {
+        if self.flowschema("name")?.trim().is_empty() {
             let file = self.dir.join("flowschema.json");
             fs::write(&file, schema.to_string())
                 .with_context(|| format!("cannot write {}", file.display()))?;

@@ -408,6 +408,7 @@ fn agent_identity(cfg: &Config, client: Option<kube::Client>) -> anyhow::Result<
             delegated::TokenConfig {
                 cache_ttl: cfg.authentication_token_webhook_cache_ttl,
                 audiences: audiences.clone(),
+                timeout: ingest::AGENT_TOKEN_REVIEW_TIMEOUT,
                 ..Default::default()
             },
         )?)),

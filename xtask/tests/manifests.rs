@@ -970,17 +970,44 @@ fn custom_metrics_overlay_adds_the_group_and_nothing_else() {
     }
 }
 
+#[test]
+fn an_agents_token_review_ends_while_the_agent_still_waits() {
+    use kpulse_aggregator_api::{auth::delegated::TokenConfig, ingest::AGENT_TOKEN_REVIEW_TIMEOUT};
+    let agent_waits = kpulse_agent::ship::Timeouts::default().handshake;
+    // Room left for the TLS and HTTP/2 handshakes after the longest review.
+    assert!(
+        AGENT_TOKEN_REVIEW_TIMEOUT + std::time::Duration::from_secs(2) <= agent_waits,
+        "review {AGENT_TOKEN_REVIEW_TIMEOUT:?}, agent {agent_waits:?}"
+    );
+    assert!(TokenConfig::default().queue_wait < AGENT_TOKEN_REVIEW_TIMEOUT);
+}
+
 /// Whether `rule` of a FlowSchema matches `call` (k8s.io/apiserver's flowcontrol matching:
 /// a subject, then a resource rule with the verb, group, resource, and the scope).
 fn flow_rule_matches(
     rule: &k8s_openapi::api::flowcontrol::v1::PolicyRulesWithSubjects,
     c: &Call,
 ) -> bool {
-    let subject = rule.subjects.iter().any(|s| {
-        s.kind == "ServiceAccount"
-            && s.service_account
-                .as_ref()
-                .is_some_and(|sa| sa.namespace == NS && (sa.name == c.sa || sa.name == "*"))
+    let user = format!("system:serviceaccount:{NS}:{}", c.sa);
+    let groups = [
+        "system:serviceaccounts".to_owned(),
+        format!("system:serviceaccounts:{NS}"),
+        "system:authenticated".to_owned(),
+    ];
+    let subject = rule.subjects.iter().any(|s| match s.kind.as_str() {
+        "ServiceAccount" => s
+            .service_account
+            .as_ref()
+            .is_some_and(|sa| sa.namespace == NS && (sa.name == c.sa || sa.name == "*")),
+        "User" => s
+            .user
+            .as_ref()
+            .is_some_and(|u| u.name == user || u.name == "*"),
+        "Group" => s
+            .group
+            .as_ref()
+            .is_some_and(|g| g.name == "*" || groups.contains(&g.name)),
+        other => panic!("FlowSchema subject kind {other}"),
     });
     let listed = |list: &[String], v: &str| list.iter().any(|x| x == v || x == "*");
     let resource = rule.resource_rules.iter().flatten().any(|r| {

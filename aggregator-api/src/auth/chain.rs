@@ -49,7 +49,8 @@ pub const CREDENTIAL_ID_KEY: &str = "authentication.kubernetes.io/credential-id"
 
 /// The 401 message when a bearer token could not be reviewed ([`Unauthenticated::status`]).
 pub const API_UNAVAILABLE_MESSAGE: &str = "Unauthorized: the bearer token could not be verified \
-     (the Kubernetes API did not answer the TokenReview); retry later";
+     (the Kubernetes API did not answer the TokenReview, or too many were under way); retry \
+     later";
 
 /// Whether requests without credentials are served as `system:anonymous`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -173,7 +173,7 @@ pub enum AuthnFailure {
     Lost,
     /// No place among [`TokenConfig::max_in_flight`] within [`TokenConfig::queue_wait`]:
     /// too many reviews under way; nothing was sent.
-    #[error("{waiting} TokenReviews in flight for longer than {after:?}; try again later")]
+    #[error("none of the {waiting} TokenReview places freed within {after:?}; try again later")]
     Busy {
         /// The places, all taken.
         waiting: usize,
@@ -187,8 +187,14 @@ impl ReviewError for AuthnFailure {
         AuthnFailure::Lost
     }
 
+    /// Not for a judged token, and not for [`AuthnFailure::Busy`]: that is this replica's
+    /// own saturation (counted where it is turned into a refusal), not the API's, and
+    /// during a reconnect storm it alternates with answered reviews.
     fn is_outage(&self) -> bool {
-        !matches!(self, AuthnFailure::Rejected { .. })
+        !matches!(
+            self,
+            AuthnFailure::Rejected { .. } | AuthnFailure::Busy { .. }
+        )
     }
 }
 

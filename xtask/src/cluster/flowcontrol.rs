@@ -64,16 +64,18 @@ pub(super) fn reviews_have_their_own_level(ctx: &Ctx<'_>) -> Result<String> {
         "a read as {READER} dispatched no request under FlowSchema {FLOW} \
          (kpulse's SubjectAccessReview went elsewhere, or was not made)"
     );
-    let rejected = counted(&after, "rejected_requests_total");
+    let rejected =
+        counted(&after, "rejected_requests_total") - counted(&before, "rejected_requests_total");
     ensure!(
         rejected == 0.0,
-        "{rejected} of kpulse's reviews rejected under FlowSchema {FLOW} since kube-apiserver \
-         started"
+        "{rejected} of kpulse's reviews rejected under FlowSchema {FLOW} during the read"
     );
     Ok(format!(
-        "{dispatched} review(s) dispatched under {FLOW} for one read as {READER}; {} since \
-         kube-apiserver started, none rejected",
-        counted(&after, "dispatched_requests_total")
+        "{dispatched} review(s) dispatched under {FLOW} during a read as {READER} (its \
+         SubjectAccessReview, and any other of kpulse's meanwhile), none rejected; {} \
+         dispatched and {} rejected since kube-apiserver started",
+        counted(&after, "dispatched_requests_total"),
+        counted(&after, "rejected_requests_total"),
     ))
 }
 

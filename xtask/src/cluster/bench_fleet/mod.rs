@@ -203,7 +203,8 @@ struct Saved {
     /// Every APIService whose service is in kpulse's namespace, as `kubectl create` takes
     /// it back.
     apiservices: Vec<Value>,
-    /// kpulse's FlowSchema, likewise, when `--flowschema-every-other-round` takes it away.
+    /// kpulse's FlowSchema, likewise, when `--flowschema-every-other-round` takes it away
+    /// (or an earlier run that did left it kept).
     flowschema: Option<Value>,
 }
 
@@ -237,7 +238,8 @@ struct Cost {
 /// What one "on" arm saw besides its cost.
 #[derive(Debug, Default)]
 struct OnArm {
-    /// Whether kpulse's FlowSchema was there (`--flowschema-every-other-round`).
+    /// Whether kpulse's FlowSchema was in the cluster (`--flowschema-every-other-round`
+    /// takes it away in every second round).
     flowschema: bool,
     /// From starting the agents to every replica ready.
     start_to_ready: f64,
@@ -356,7 +358,9 @@ impl Bench<'_> {
         }
         fs::write(&kept_replicas, replicas.to_string())
             .with_context(|| format!("cannot write {}", kept_replicas.display()))?;
-        let flowschema = if self.opts.flowschema_every_other_round {
+        // Also without the flag when an earlier run left it kept: then it may be away.
+        let kept = self.ctx.dirs.state.join(FLOWSCHEMA_KEPT).exists();
+        let flowschema = if self.opts.flowschema_every_other_round || kept {
             Some(self.saved_flowschema()?)
         } else {
             None
@@ -489,26 +493,34 @@ impl Bench<'_> {
         self.rollout()
     }
 
-    /// Puts the Deployment and the APIServices back, trying both whatever one's error.
+    /// Puts the Deployment, the APIServices and the FlowSchema back, trying each whatever
+    /// the others' errors; what was put back is no longer kept in the cluster's state.
     fn restore(&self, saved: &Saved) -> Result<()> {
+        let state = &self.ctx.dirs.state;
         let apiservices = self
             .ensure_apiservices(saved)
-            .and_then(|()| self.set_flowschema(saved, true))
-            .context("kpulse's APIServices or FlowSchema were not put back");
+            .context("kpulse's APIServices were not put back");
+        let flowschema = self
+            .set_flowschema(saved, true)
+            .context("kpulse's FlowSchema was not put back");
         let deployment = self
             .restore_deployment(saved)
             .context("the aggregator-api Deployment was not put back");
-        match (apiservices, deployment) {
-            (Ok(()), Ok(())) => {
-                // Back in the cluster: nothing for a later run to put back.
-                let _ = fs::remove_file(self.ctx.dirs.state.join(APISERVICES_KEPT));
-                let _ = fs::remove_file(self.ctx.dirs.state.join(FLOWSCHEMA_KEPT));
-                let _ = fs::remove_file(self.ctx.dirs.state.join(REPLICAS_KEPT));
-                Ok(())
+        let mut failed = Vec::new();
+        for (result, kept) in [
+            (apiservices, APISERVICES_KEPT),
+            (flowschema, FLOWSCHEMA_KEPT),
+            (deployment, REPLICAS_KEPT),
+        ] {
+            match result {
+                Ok(()) => {
+                    let _ = fs::remove_file(state.join(kept));
+                }
+                Err(e) => failed.push(format!("{e:#}")),
             }
-            (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
-            (Err(a), Err(d)) => Err(d.context(format!("{a:#}"))),
         }
+        ensure!(failed.is_empty(), "{}", failed.join("; "));
+        Ok(())
     }
 
     fn restore_deployment(&self, saved: &Saved) -> Result<()> {
@@ -752,8 +764,10 @@ impl Bench<'_> {
     }
 
     fn on_arm(&self, saved: &Saved, round: usize) -> Result<(Cost, OnArm)> {
-        let flowschema = saved.flowschema.is_none() || round.is_multiple_of(2);
-        self.set_flowschema(saved, flowschema)?;
+        let away = self.opts.flowschema_every_other_round && !round.is_multiple_of(2);
+        self.set_flowschema(saved, !away)?;
+        // As it is, whether or not this run changes it.
+        let flowschema = !self.flowschema("name")?.trim().is_empty();
         let (mut agents, start_to_ready, before) = self.start_on(saved)?;
         let ready = self.sample()?;
         let mut arm = OnArm {

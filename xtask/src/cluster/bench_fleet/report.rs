@@ -99,25 +99,29 @@ impl Bench<'_> {
         }
         out.push_str(
             "\n\nEach \"on\" arm: new replicas, then the fleet's agents started (ramp) until \
-             every replica's Pod is Ready; then one replica's process killed and timed back: \
+             every replica's Pod is Ready, and until every fleet node is served from its agent \
+             on every replica (at most 60 s more; the steady window comes after that); then \
+             one replica's process killed and timed back: \
              its first answer, its readyz 200 (every node with a Ready agent Pod served, from \
              its agent or the kubelet fallback, for 3 s; or 60 s after its start whatever is \
              missing: a figure near 60 s is that timeout), and every fleet node served from its \
              agent on every replica. TokenReviews, APF rejections and kube-apiserver's CPU from \
              just before the kill to then:\n\n\
-             | round | kpulse FlowSchema | start → every Pod Ready (s) | TokenReviews | APF rejected | kill → \
+             | round | kpulse FlowSchema | start → every Pod Ready (s) | start → all from \
+             agents (s) | TokenReviews | APF rejected | kill → \
              answering (s) | kill → readyz 200 (s) | kill → all from agents (s) | TokenReviews | \
              APF rejected | kube-apiserver during (mCPU) | ticks sent / unsent | pod-watch \
-             events / errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+             events / errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for (i, a) in arms.iter().enumerate() {
             let r = &a.restart;
             out.push_str(&format!(
-                "| {} | {} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {:.0} \
-                 | {} / {} | {} / {} |\n",
+                "| {} | {} | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} \
+                 | {:.0} | {} / {} | {} / {} |\n",
                 i + 1,
                 if a.flowschema { "yes" } else { "no" },
                 a.start_to_ready,
+                a.start_to_agents,
                 a.start_tokenreviews,
                 a.start_rejected,
                 r.kill_to_answer,

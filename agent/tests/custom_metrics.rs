@@ -438,8 +438,9 @@ fn run() {
     let mut failures = Vec::new();
     for ((node, collector), files) in NODES.iter().zip(&samples) {
         let (first, last) = (&files[0], &files[files.len() - 1]);
-        // Not a fake: the load really was throttled (all of app's periods, some but not
-        // all of bursty's) and stalled.
+        // Not a fake: the load really was throttled (nearly all of app's periods, some but
+        // not all of bursty's) and stalled. Not "all": on a loaded host the spinner misses
+        // its quota in some periods (0.896 seen while another build ran beside the test).
         let span = (last.t - first.t) as f64;
         let throttled = |i: usize| {
             let (p, t) = (
@@ -450,7 +451,7 @@ fn run() {
         };
         assert!(
             (last.psi[1][0] - first.psi[1][0]) as f64 / span > 0.3
-                && throttled(0) > 0.9
+                && throttled(0) > 0.8
                 && (0.05..0.95).contains(&throttled(1)),
             "{node}: the quotas did not bite as planned: {first:?} {last:?}"
         );

@@ -360,6 +360,8 @@ pub fn run(opts: &Options) -> Result<()> {
 struct ClusterPrebuild {
     /// One report per release, in order, until one fails.
     reports: mpsc::Receiver<Prebuilt>,
+    /// buildah's storage and run root: a build stopped midway leaves its mounts there.
+    images: PathBuf,
     state: Arc<Mutex<PrebuildState>>,
     thread: Option<thread::JoinHandle<()>>,
 }
@@ -415,6 +417,7 @@ impl ClusterPrebuild {
             .context("cannot start the background build's thread")?;
         Ok(ClusterPrebuild {
             reports,
+            images: root.join("target/cluster/images"),
             state,
             thread: Some(thread),
         })
@@ -507,6 +510,7 @@ fn prebuild_one(
 
 impl Drop for ClusterPrebuild {
     fn drop(&mut self) {
+        let mut stopped = false;
         if let Ok(mut s) = self.state.lock() {
             s.cancelled = true;
             if let Some(pid) = s.child {
@@ -514,10 +518,21 @@ impl Drop for ClusterPrebuild {
                 let _ = Command::new("kill")
                     .args(["-TERM", "--", &format!("-{pid}")])
                     .status();
+                stopped = true;
             }
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // buildah, stopped in a build, leaves its containers' overlays mounted (and the
+        // checkout then cannot be removed).
+        if stopped {
+            for point in cluster::unmount_under(std::slice::from_ref(&self.images)) {
+                println!(
+                    "xtask test: still mounted after the build stopped: {}",
+                    point.display()
+                );
+            }
         }
     }
 }

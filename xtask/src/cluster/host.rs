@@ -134,6 +134,26 @@ pub fn cgroup2_root() -> Result<PathBuf> {
         .context("no cgroup2 hierarchy is mounted")
 }
 
+/// Unmounts (lazily, deepest first, a few rounds) every mount point under `prefixes`;
+/// those still mounted after that.
+pub fn unmount_under(prefixes: &[PathBuf]) -> Vec<PathBuf> {
+    let under = |p: &PathBuf| prefixes.iter().any(|pre| p.starts_with(pre));
+    for _ in 0..5 {
+        let Ok(all) = mounts() else { break };
+        let mut points: Vec<PathBuf> = all.into_iter().map(|m| m.point).filter(under).collect();
+        if points.is_empty() {
+            break;
+        }
+        points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for p in points {
+            let _ = run_quiet(Command::new("umount").arg("-l").arg(&p));
+        }
+    }
+    mounts()
+        .map(|all| all.into_iter().map(|m| m.point).filter(under).collect())
+        .unwrap_or_default()
+}
+
 /// One line of `/proc/self/mountinfo`.
 #[derive(Debug, Clone)]
 pub struct Mount {
@@ -801,30 +821,9 @@ pub fn teardown(dirs: &Dirs) -> Vec<String> {
         }
     }
 
-    // Mounts under our directories (pod volumes, rootfs overlays, shm, netns), deepest first.
-    let prefixes = [dirs.data.clone(), dirs.run.clone()];
-    for _ in 0..5 {
-        let Ok(all) = mounts() else { break };
-        let mut points: Vec<PathBuf> = all
-            .into_iter()
-            .map(|m| m.point)
-            .filter(|p| prefixes.iter().any(|pre| p.starts_with(pre)))
-            .collect();
-        if points.is_empty() {
-            break;
-        }
-        points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-        for p in points {
-            let _ = run_quiet(Command::new("umount").arg("-l").arg(&p));
-        }
-    }
-    if let Ok(all) = mounts() {
-        for m in all
-            .iter()
-            .filter(|m| prefixes.iter().any(|pre| m.point.starts_with(pre)))
-        {
-            problems.push(format!("still mounted: {}", m.point.display()));
-        }
+    // Mounts under our directories (pod volumes, rootfs overlays, shm, netns).
+    for point in unmount_under(&[dirs.data.clone(), dirs.run.clone()]) {
+        problems.push(format!("still mounted: {}", point.display()));
     }
 
     // A cgroup whose last process has just been killed can stay busy for a moment.

@@ -31,6 +31,8 @@ mod swap;
 pub mod versions;
 pub mod versus;
 
+pub(crate) use host::unmount_under;
+
 use std::{
     fs,
     io::{Read as _, Write as _},

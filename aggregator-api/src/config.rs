@@ -267,6 +267,28 @@ pub struct Config {
     /// open-file limit, raised to the hard one at start, leaves room for.
     #[arg(long, env = "KPULSE_MAX_AGENT_STREAMS", default_value_t = crate::ingest::DEFAULT_MAX_STREAMS)]
     pub max_agent_streams: usize,
+    /// How agents' tokens are verified. `local`: against the service account issuer's
+    /// keys (read from kube-apiserver's `/openid/v1/jwks`) and the agent pods this replica
+    /// watches, with a TokenReview only for a token that does not pass, so that a
+    /// restarted replica does not send one review per node at once; `review`: a
+    /// TokenReview for every token, as before (a pod or service account deleted is then
+    /// refused by kube-apiserver's own state, not this replica's watch).
+    #[arg(
+        long,
+        env = "KPULSE_AGENT_TOKEN_VERIFICATION",
+        value_enum,
+        default_value = "local"
+    )]
+    pub agent_token_verification: TokenVerification,
+}
+
+/// `--agent-token-verification`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TokenVerification {
+    /// Signature and bound pod checked here; a TokenReview for the rest.
+    Local,
+    /// A TokenReview for every token.
+    Review,
 }
 
 /// `--authorization-mode`.
@@ -492,6 +514,7 @@ mod tests {
         assert_eq!(c.ingest_port, 8444);
         assert_eq!(c.ingest_address().to_string(), "0.0.0.0:8444");
         assert_eq!(c.agent_token_audience, ["kpulse"]);
+        assert_eq!(c.agent_token_verification, TokenVerification::Local);
         assert_eq!(
             c.agent_service_accounts,
             ["system:serviceaccount:kpulse-system:kpulse-agent"]

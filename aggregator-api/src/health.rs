@@ -565,7 +565,7 @@ mod tests {
             f.agents.apply(Change::Replace(
                 agents
                     .iter()
-                    .map(|(p, n)| ((*p).to_string(), n.map(str::to_string)))
+                    .map(|(p, n)| ((*p).to_string(), crate::agents::AgentPod::ready_on(*n)))
                     .collect(),
             ));
         }

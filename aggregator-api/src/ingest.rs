@@ -26,11 +26,14 @@
 //!
 //! # Identity: an agent reports its own node only
 //!
-//! - **Bearer token** (cluster mode): a TokenReview through [`TokenAuthenticator`] asking
-//!   for the audiences of `--agent-token-audience` (`kpulse`), cached for its TTL. The
-//!   user must be one of `--agent-service-accounts`, and the token must be bound to the
-//!   Hello's node: projected tokens of a pod carry the node in the user's extra
-//!   [`NODE_NAME_EXTRA`]. An unreachable API fails closed (503).
+//! - **Bearer token** (cluster mode): verified here first ([`LocalVerifier`], unless
+//!   `--agent-token-verification=review`): signed by the cluster's service account
+//!   issuer, for `--agent-token-audience` (`kpulse`), bound to an agent pod this replica
+//!   watches, whose node it is bound to. A token that does not pass goes to a TokenReview
+//!   through [`TokenAuthenticator`] asking for the same audiences, cached for its TTL:
+//!   projected tokens of a pod carry the node in the user's extra [`NODE_NAME_EXTRA`].
+//!   Either way the user must be one of `--agent-service-accounts`, and the node the
+//!   Hello's. An unreachable API fails closed (503).
 //! - **Client certificate** (standalone mode): only with `--agent-client-ca-file`; the
 //!   chain must verify against it ([`CaBundle`]) and its CN must be the Hello's node.
 //!
@@ -72,6 +75,7 @@ use tokio::{
 use crate::{
     auth::{
         delegated::{AuthnFailure, TokenAuthenticator},
+        issuer::LocalVerifier,
         x509::{self, CaBundle},
     },
     body::{self, Body},
@@ -291,6 +295,9 @@ pub struct Agent {
 pub struct Identity {
     /// TokenReviews, configured with the agents' audiences; `None`: tokens are refused.
     pub tokens: Option<Arc<TokenAuthenticator>>,
+    /// Tokens verified here first (`--agent-token-verification=local`); what it does not
+    /// accept goes to `tokens`.
+    pub local: Option<Arc<LocalVerifier>>,
     /// The audiences `tokens` asks for (for messages).
     pub audiences: Vec<String>,
     /// Users allowed to stream (`--agent-service-accounts`).
@@ -307,7 +314,11 @@ impl Identity {
     ///
     /// 401 for missing or invalid credentials (and for certificates without a CA), 503
     /// when the Kubernetes API cannot review a token.
-    pub async fn authenticate(&self, credentials: &Credentials) -> Result<Agent, Refusal> {
+    pub async fn authenticate(
+        &self,
+        credentials: &Credentials,
+        metrics: &IngestMetrics,
+    ) -> Result<Agent, Refusal> {
         let unauthorized =
             |reason, message: String| Refusal::new(StatusCode::UNAUTHORIZED, reason, message);
         match credentials {
@@ -322,6 +333,19 @@ impl Identity {
                 "the Authorization header is not \"Bearer <token>\"".into(),
             )),
             Credentials::Token(token) => {
+                if let Some(local) = &self.local {
+                    match local.verify(token) {
+                        Ok(verified) => {
+                            metrics.local_token_check(None);
+                            return Ok(Agent {
+                                user: verified.user,
+                                bound_node: Some(verified.node),
+                                via: Via::Token,
+                            });
+                        }
+                        Err(deferral) => metrics.local_token_check(Some(deferral)),
+                    }
+                }
                 let Some(tokens) = &self.tokens else {
                     return Err(unauthorized(
                         RejectReason::InvalidCredentials,
@@ -552,7 +576,9 @@ impl<C: Clock + 'static> Ingest<C> {
         })?;
         let agent = {
             let credentials = Credentials::of(&req, peer);
-            self.identity.authenticate(&credentials).await?
+            self.identity
+                .authenticate(&credentials, self.metrics())
+                .await?
         };
         let mut body = req.into_body();
         let mut decoder = Decoder::new();
@@ -962,10 +988,49 @@ mod tests {
         .expect("authenticator");
         Identity {
             tokens: Some(Arc::new(tokens)),
+            local: None,
             audiences: vec![DEFAULT_AUDIENCE.into()],
             service_accounts: vec![DEFAULT_AGENT_SERVICE_ACCOUNT.into()],
             client_ca: ca.map(|ca| CaBundle::from_pem(&ca.pem, "test").expect("ca")),
         }
+    }
+
+    #[tokio::test]
+    async fn tokens_verified_locally_need_no_review() {
+        use crate::auth::issuer::testing::{claims, verifier, Signer};
+        let api = token_api().await;
+        let signer = Signer::new("k1");
+        let id = Identity {
+            local: Some(verifier(&signer)),
+            ..identity(&api, None)
+        };
+        let metrics = IngestMetrics::new();
+        let signed = signer.token(&claims());
+        let agent = id
+            .authenticate(&Credentials::Token(signed), &metrics)
+            .await
+            .expect("verified");
+        assert_eq!(agent.bound_node.as_deref(), Some("n1"));
+        assert!(id.authorize(&agent, "n1").is_ok());
+        assert!(id.authorize(&agent, "n2").is_err(), "its own node only");
+        assert_eq!(api.token_reviews(), 0);
+        assert_eq!(metrics.local_token_checks("accepted"), 1);
+        // What does not verify here goes to a review, which decides.
+        let agent = id
+            .authenticate(&token("node-a-token"), &metrics)
+            .await
+            .expect("reviewed");
+        assert_eq!(agent.bound_node.as_deref(), Some("node-a"));
+        assert_eq!(api.token_reviews(), 1);
+        assert_eq!(metrics.local_token_checks("invalid"), 1);
+        let other = Signer::new("k2");
+        let e = id
+            .authenticate(&Credentials::Token(other.token(&claims())), &metrics)
+            .await
+            .expect_err("unknown to the API too");
+        assert_eq!(e.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(api.token_reviews(), 2);
+        assert_eq!(metrics.local_token_checks("unknown_key"), 1);
     }
 
     fn token(t: &str) -> Credentials {
@@ -979,7 +1044,7 @@ mod tests {
         let id = identity(&api, Some(&ca));
 
         let agent = id
-            .authenticate(&token("node-a-token"))
+            .authenticate(&token("node-a-token"), &IngestMetrics::new())
             .await
             .expect("agent");
         assert_eq!(agent.bound_node.as_deref(), Some("node-a"));
@@ -998,7 +1063,7 @@ mod tests {
         assert_eq!(specs[0].1["audiences"], json!(["kpulse"]));
 
         let other = id
-            .authenticate(&token("default-token"))
+            .authenticate(&token("default-token"), &IngestMetrics::new())
             .await
             .expect("user");
         let e = id.authorize(&other, "node-a").expect_err("not an agent");
@@ -1012,7 +1077,7 @@ mod tests {
             e.message
         );
         let unbound = id
-            .authenticate(&token("unbound-token"))
+            .authenticate(&token("unbound-token"), &IngestMetrics::new())
             .await
             .expect("user");
         let e = id.authorize(&unbound, "node-a").expect_err("no node");
@@ -1024,7 +1089,10 @@ mod tests {
             (Credentials::Malformed, RejectReason::InvalidCredentials),
             (Credentials::None, RejectReason::NoCredentials),
         ] {
-            let e = id.authenticate(&credentials).await.expect_err("refused");
+            let e = id
+                .authenticate(&credentials, &IngestMetrics::new())
+                .await
+                .expect_err("refused");
             assert_eq!((e.status, e.reason), (StatusCode::UNAUTHORIZED, reason));
         }
 
@@ -1033,7 +1101,7 @@ mod tests {
             Credentials::Certificates(Arc::new(vec![c]))
         };
         let agent = id
-            .authenticate(&chain(ca.client("node-a", &[])))
+            .authenticate(&chain(ca.client("node-a", &[])), &IngestMetrics::new())
             .await
             .expect("certificate");
         assert_eq!(agent.via, Via::Certificate);
@@ -1049,13 +1117,16 @@ mod tests {
         );
         let stranger = TestCa::new("stranger");
         let e = id
-            .authenticate(&chain(stranger.client("node-a", &[])))
+            .authenticate(
+                &chain(stranger.client("node-a", &[])),
+                &IngestMetrics::new(),
+            )
             .await
             .expect_err("other CA");
         assert_eq!(e.status, StatusCode::UNAUTHORIZED);
         let no_ca = identity(&api, None);
         let e = no_ca
-            .authenticate(&chain(ca.client("node-a", &[])))
+            .authenticate(&chain(ca.client("node-a", &[])), &IngestMetrics::new())
             .await
             .expect_err("certificates not accepted");
         assert_eq!(e.status, StatusCode::UNAUTHORIZED);
@@ -1083,9 +1154,10 @@ mod tests {
         };
         api.set_delay(Duration::from_millis(400));
         let (first, second) = (token("node-a-token"), token("unbound-token"));
-        let (slow, turned_away) = tokio::join!(busy.authenticate(&first), async {
+        let metrics = IngestMetrics::new();
+        let (slow, turned_away) = tokio::join!(busy.authenticate(&first, &metrics), async {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            busy.authenticate(&second).await
+            busy.authenticate(&second, &metrics).await
         });
         assert_eq!(
             slow.expect("reviewed").bound_node.as_deref(),
@@ -1101,7 +1173,7 @@ mod tests {
         // The Kubernetes API gone: fail closed, and say so.
         api.stop().await;
         let e = id
-            .authenticate(&token("fresh-token"))
+            .authenticate(&token("fresh-token"), &IngestMetrics::new())
             .await
             .expect_err("no API");
         assert_eq!(

@@ -8,8 +8,8 @@ use anyhow::Context;
 use clap::Parser;
 use kpulse_aggregator_api::{
     app::{App, Authorization, HealthChecks, Security},
-    auth::{self, chain, delegated, x509::CaBundle},
-    config::{AuthorizationMode, Config},
+    auth::{self, chain, delegated, issuer::LocalVerifier, x509::CaBundle},
+    config::{AuthorizationMode, Config, TokenVerification},
     health, ingest,
     metadata::StreamMetadata,
     selfmetrics, serve,
@@ -116,7 +116,11 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let sessions = Sessions::new(store.clone(), metadata.clone(), ingest_metrics.clone());
     let agents = ingest::Ingest::new(
         sessions.clone(),
-        agent_identity(&cfg, client.clone())?,
+        agent_identity(
+            &cfg,
+            client.clone(),
+            expected.as_ref().map(|(_, agents)| agents.clone()),
+        )?,
         ingest_settings(&cfg, open_files),
     );
     if let Some(path) = &cfg.feed_file {
@@ -392,17 +396,31 @@ async fn maintain(sessions: Arc<Sessions>, heartbeat: Arc<health::Heartbeat>, ev
     }
 }
 
-/// Who may stream which node: agents' tokens reviewed (for `--agent-token-audience`)
+/// Who may stream which node: agents' tokens (for `--agent-token-audience`) verified
+/// against the issuer's keys and `agents` (`--agent-token-verification=local`) or reviewed,
 /// through the same Kubernetes API client (when there is one), and `--agent-client-ca-file`
 /// certificates.
-fn agent_identity(cfg: &Config, client: Option<kube::Client>) -> anyhow::Result<ingest::Identity> {
+fn agent_identity(
+    cfg: &Config,
+    client: Option<kube::Client>,
+    agents: Option<Arc<kpulse_aggregator_api::agents::AgentPods>>,
+) -> anyhow::Result<ingest::Identity> {
     let audiences: Vec<String> = cfg
         .agent_token_audience
         .iter()
         .map(|a| a.trim().to_string())
         .filter(|a| !a.is_empty())
         .collect();
-    let tokens = match client.filter(|_| cfg.authentication_token_webhook) {
+    let client = client.filter(|_| cfg.authentication_token_webhook);
+    let local = match (&client, agents, cfg.agent_token_verification) {
+        (Some(client), Some(agents), TokenVerification::Local) => {
+            let local = LocalVerifier::new(agents, cfg.agent_namespace.clone(), audiences.clone());
+            tokio::spawn(local.clone().follow(client.clone()));
+            Some(local)
+        }
+        _ => None,
+    };
+    let tokens = match client {
         Some(client) => Some(Arc::new(delegated::TokenAuthenticator::new(
             client,
             delegated::TokenConfig {
@@ -420,6 +438,7 @@ fn agent_identity(cfg: &Config, client: Option<kube::Client>) -> anyhow::Result<
     };
     Ok(ingest::Identity {
         tokens,
+        local,
         audiences,
         service_accounts: cfg
             .agent_service_accounts

@@ -13,6 +13,7 @@
 //! | `kpulse_aggregator_ingest_messages_total` | counter | `type` (`hello`, `snapshot`, `update`) |
 //! | `kpulse_aggregator_ingest_received_bytes_total` | counter | none |
 //! | `kpulse_aggregator_ingest_rejected_total` | counter | `reason` ([`RejectReason`]) |
+//! | `kpulse_aggregator_ingest_local_token_checks_total` | counter | `outcome`: `accepted`, or why a TokenReview was needed ([`crate::auth::issuer::Deferral`]) |
 //! | `kpulse_aggregator_ingest_unknown_uid_counters_dropped_total` | counter | none |
 //! | `kpulse_aggregator_ingest_sessions_replaced_total` | counter | none |
 //! | `kpulse_aggregator_connections` | gauge, read at scrape | `port` (`api`, `agents`) |
@@ -466,6 +467,12 @@ struct ReasonLabel {
     reason: &'static str,
 }
 
+/// The label of `kpulse_aggregator_ingest_local_token_checks_total`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
 /// The label of `kpulse_aggregator_ingest_messages_total`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct TypeLabel {
@@ -480,11 +487,15 @@ pub struct IngestMetrics {
     messages: Family<TypeLabel, Counter>,
     bytes: Counter,
     rejected: Family<ReasonLabel, Counter>,
+    local_tokens: Family<OutcomeLabel, Counter>,
     unknown_uids: Counter,
     replaced: Counter,
     visible: Histogram,
     received_visible: Histogram,
 }
+
+/// The outcome of a local token check that needed no review.
+pub const ACCEPTED: &str = "accepted";
 
 /// Buckets of `kpulse_aggregator_ingest_to_visible_seconds`: fine below 100 ms, the target.
 const VISIBLE_BUCKETS: [f64; 20] = [
@@ -499,6 +510,7 @@ impl Default for IngestMetrics {
             messages: Family::default(),
             bytes: Counter::default(),
             rejected: Family::default(),
+            local_tokens: Family::default(),
             unknown_uids: Counter::default(),
             replaced: Counter::default(),
             visible: Histogram::new(VISIBLE_BUCKETS),
@@ -519,6 +531,11 @@ impl IngestMetrics {
         }
         for t in ["hello", "snapshot", "update"] {
             let _ = m.messages.get_or_create(&TypeLabel { r#type: t });
+        }
+        for outcome in
+            std::iter::once(ACCEPTED).chain(crate::auth::issuer::Deferral::ALL.map(|d| d.as_str()))
+        {
+            let _ = m.local_tokens.get_or_create(&OutcomeLabel { outcome });
         }
         m
     }
@@ -544,6 +561,12 @@ impl IngestMetrics {
             "kpulse_aggregator_ingest_rejected",
             "Agent streams refused before they started, by reason",
             self.rejected.clone(),
+        );
+        registry.register(
+            "kpulse_aggregator_ingest_local_token_checks",
+            "Agents' tokens checked against the service account issuer's keys and the agent \
+             pods, by outcome; all but accepted went on to a TokenReview",
+            self.local_tokens.clone(),
         );
         registry.register(
             "kpulse_aggregator_ingest_unknown_uid_counters_dropped",
@@ -625,6 +648,21 @@ impl IngestMetrics {
             .get_or_create(&ReasonLabel {
                 reason: reason.as_str(),
             })
+            .get()
+    }
+
+    /// An agent's token checked locally: accepted (`None`) or left to a review.
+    pub fn local_token_check(&self, deferral: Option<crate::auth::issuer::Deferral>) {
+        let outcome = deferral.map_or(ACCEPTED, |d| d.as_str());
+        self.local_tokens
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    /// Local token checks so far with `outcome` (`accepted` or a deferral's label).
+    pub fn local_token_checks(&self, outcome: &'static str) -> u64 {
+        self.local_tokens
+            .get_or_create(&OutcomeLabel { outcome })
             .get()
     }
 

@@ -115,6 +115,9 @@ const fn call(
 const AUTH_CM_NS: &str = kpulse_aggregator_api::auth::authconfig::NAMESPACE;
 const AUTH_CM: &str = kpulse_aggregator_api::auth::authconfig::NAME;
 
+/// The "group" of a non-resource URL in [`CALLS`] (its path is the resource).
+const URL: &str = "(non-resource URL)";
+
 /// The table: each call the binaries make, and where. RBAC must grant each `Called` and
 /// `Planned` one to that ServiceAccount, and nothing that is not in this table.
 const CALLS: &[Call] = &[
@@ -140,6 +143,45 @@ const CALLS: &[Call] = &[
         None,
         None,
         Why::Called("auth/delegated.rs Authorizer"),
+    ),
+    // aggregator-api/src/auth/issuer.rs, `fetch` (`client.send` of a GET): the service
+    // account issuer's discovery document and keys, to verify agents' tokens without a
+    // TokenReview. The bootstrap role also grants both paths with a trailing slash.
+    call(
+        SERVER,
+        "get",
+        URL,
+        kpulse_aggregator_api::auth::issuer::DISCOVERY_PATH,
+        None,
+        None,
+        Why::Called("auth/issuer.rs fetch"),
+    ),
+    call(
+        SERVER,
+        "get",
+        URL,
+        kpulse_aggregator_api::auth::issuer::JWKS_PATH,
+        None,
+        None,
+        Why::Called("auth/issuer.rs fetch"),
+    ),
+    call(
+        SERVER,
+        "get",
+        URL,
+        "/.well-known/openid-configuration/",
+        None,
+        None,
+        Why::Bundled("ClusterRole system:service-account-issuer-discovery"),
+    ),
+    call(
+        SERVER,
+        "get",
+        URL,
+        "/openid/v1/jwks/",
+        None,
+        None,
+        Why::Bundled("ClusterRole system:service-account-issuer-discovery"),
     ),
     // aggregator-api/src/auth/authconfig.rs, `follow`: `watcher` on
     // `Api::<ConfigMap>::namespaced("kube-system")` with the field selector
@@ -291,6 +333,24 @@ fn bootstrap_roles() -> Vec<(Option<&'static str>, &'static str, Vec<PolicyRule>
                     &[],
                 ),
             ],
+        ),
+        (
+            None,
+            "system:service-account-issuer-discovery",
+            vec![PolicyRule {
+                verbs: vec!["get".into()],
+                non_resource_urls: Some(
+                    [
+                        "/.well-known/openid-configuration",
+                        "/.well-known/openid-configuration/",
+                        "/openid/v1/jwks",
+                        "/openid/v1/jwks/",
+                    ]
+                    .map(String::from)
+                    .to_vec(),
+                ),
+                ..PolicyRule::default()
+            }],
         ),
         (
             Some("kube-system"),
@@ -1465,6 +1525,18 @@ fn grants(docs: &[Value]) -> Vec<Grant> {
                                 via: format!("{binding} → {}", role_ref.name),
                             });
                         }
+                    }
+                    for url in r.non_resource_urls.iter().flatten() {
+                        assert!(namespace.is_none(), "{binding}: a URL in a Role");
+                        out.push(Grant {
+                            sa: s.name.clone(),
+                            verb: verb.clone(),
+                            group: URL.into(),
+                            resource: url.clone(),
+                            namespace: None,
+                            names: Vec::new(),
+                            via: format!("{binding} → {}", role_ref.name),
+                        });
                     }
                 }
             }

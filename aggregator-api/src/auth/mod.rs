@@ -10,6 +10,8 @@
 //!
 //! - [`delegated`]: bearer tokens through a TokenReview and authorization through a
 //!   SubjectAccessReview, via `kube`, with TTL caches, failing closed;
+//! - [`issuer`]: the agents' projected tokens verified against the service account
+//!   issuer's keys and the agent pods, a TokenReview only for those that do not pass;
 //! - [`authconfig`]: the cluster's `extension-apiserver-authentication` ConfigMap, followed
 //!   so that rotated CAs are trusted without a restart;
 //! - [`chain`]: the order k8s.io/apiserver applies them in for an aggregated server:
@@ -18,6 +20,7 @@
 pub mod authconfig;
 pub mod chain;
 pub mod delegated;
+pub mod issuer;
 pub mod requestheader;
 pub mod tls;
 pub mod x509;

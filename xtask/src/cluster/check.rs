@@ -3,7 +3,8 @@
 //! Against a cluster that `cluster up --install` made (kpulse installed as the README
 //! says), it shows and times:
 //! - both metrics.k8s.io APIServices `Available=True`; kpulse's TokenReviews and
-//!   SubjectAccessReviews at a priority level of their own ([`super::flowcontrol`]);
+//!   SubjectAccessReviews at a priority level of their own ([`super::flowcontrol`]); an
+//!   agent's token verified by each replica without a TokenReview ([`super::tokens`]);
 //!   discovery through kube-apiserver,
 //!   legacy (`/apis/metrics.k8s.io/<version>`) and aggregated (`/apis` as
 //!   `APIGroupDiscoveryList`);
@@ -146,11 +147,15 @@ pub fn run(dirs: &Dirs, kubectl: PathBuf, only: Option<&str>, with_faults: bool)
         ..Ctx::new(dirs, kubectl)
     };
     type Check = fn(&Ctx<'_>) -> Result<String>;
-    let first: [(&str, Check); 7] = [
+    let first: [(&str, Check); 8] = [
         ("APIServices v1beta1 and v1 Available=True", apiservices),
         (
             "kpulse's reviews at a kube-apiserver priority level of their own",
             super::flowcontrol::reviews_have_their_own_level,
+        ),
+        (
+            "an agent's token verified by each replica itself, no TokenReview",
+            super::tokens::agent_tokens_verified_locally,
         ),
         (
             "node CPU and memory as the kubelet's /metrics/resource (target ±2 %)",
@@ -792,11 +797,48 @@ pub(super) fn server_metrics(ctx: &Ctx<'_>) -> Result<Vec<String>> {
         .collect())
 }
 
-/// What each running aggregator-api replica answers to GET each of `paths`, one list per
-/// replica in the order of `paths` (read as [`server_metrics`] reads them: as the cluster's
-/// admin, from inside the replica's network namespace), so that a check sees every replica
-/// and not the one kube-apiserver's proxy picks.
-pub(super) fn from_each_replica(ctx: &Ctx<'_>, paths: &[&str]) -> Result<Vec<Vec<String>>> {
+/// The serving certificate's host name: what curl asks for inside a replica's network
+/// namespace (`--resolve` to loopback), so that the certificate verifies.
+pub(super) const SERVER_HOST: &str = "kpulse-aggregator-api.kpulse-system.svc";
+
+/// A `curl` inside the network namespace of the process `pid` (a replica's), trusting
+/// deploy/'s CA: `-sS --max-time 5`, the URL left to the caller.
+pub(super) fn curl_in(pid: &str) -> Result<Command> {
+    let ca = crate::vm::workspace_root()?.join("deploy/generated/ca.crt");
+    let mut c = Command::new("nsenter");
+    c.args(["-t", pid, "--net", "--"])
+        .args(["curl", "-sS", "--max-time", "5"])
+        .arg("--cacert")
+        .arg(ca);
+    Ok(c)
+}
+
+/// The PID of each running aggregator-api replica's container (not being deleted).
+pub(super) fn replica_pids(ctx: &Ctx<'_>) -> Result<Vec<String>> {
+    let pods = ctx.json(&[
+        "get",
+        "pods",
+        "-n",
+        "kpulse-system",
+        "-l",
+        "app.kubernetes.io/name=kpulse-aggregator-api",
+        "--field-selector=status.phase=Running",
+    ])?;
+    let pids = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter_map(|p| p["status"]["containerStatuses"][0]["containerID"].as_str())
+        .filter_map(|id| id.strip_prefix("containerd://"))
+        .map(|id| container_pid(ctx, id).map(|pid| pid.to_string()))
+        .collect::<Result<Vec<_>>>()?;
+    ensure!(!pids.is_empty(), "no running aggregator-api replica");
+    Ok(pids)
+}
+
+/// The cluster admin's client certificate and key, written under etc/ for curl.
+pub(super) fn admin_identity(ctx: &Ctx<'_>) -> Result<(PathBuf, PathBuf)> {
     let admin = |field: &str| -> Result<Vec<u8>> {
         let b64 = crate::exec::output(ctx.kubectl().args([
             "config",
@@ -814,50 +856,46 @@ pub(super) fn from_each_replica(ctx: &Ctx<'_>, paths: &[&str]) -> Result<Vec<Vec
     let key = ctx.dirs.etc.join("check-admin.key");
     std::fs::write(&cert, admin("client-certificate-data")?)?;
     std::fs::write(&key, admin("client-key-data")?)?;
-    let ca = crate::vm::workspace_root()?.join("deploy/generated/ca.crt");
-    let pods = ctx.json(&[
-        "get",
-        "pods",
-        "-n",
-        "kpulse-system",
-        "-l",
-        "app.kubernetes.io/name=kpulse-aggregator-api",
-        "--field-selector=status.phase=Running",
-    ])?;
-    let mut texts = Vec::new();
-    for id in pods["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-        .filter_map(|p| p["status"]["containerStatuses"][0]["containerID"].as_str())
-        .filter_map(|id| id.strip_prefix("containerd://"))
-    {
-        let host = "kpulse-aggregator-api.kpulse-system.svc";
-        let pid = container_pid(ctx, id)?.to_string();
-        let mut answers = Vec::with_capacity(paths.len());
-        for path in paths {
-            answers.push(crate::exec::output(
-                Command::new("nsenter")
-                    .args(["-t", &pid, "--net", "--"])
-                    .args(["curl", "-sS", "--fail", "--max-time", "5"])
-                    .arg("--cacert")
-                    .arg(&ca)
-                    .arg("--cert")
-                    .arg(&cert)
-                    .arg("--key")
-                    .arg(&key)
-                    .args([
-                        "--resolve",
-                        &format!("{host}:10250:127.0.0.1"),
-                        &format!("https://{host}:10250{path}"),
-                    ]),
-            )?);
-        }
-        texts.push(answers);
-    }
-    ensure!(!texts.is_empty(), "no running aggregator-api replica");
-    Ok(texts)
+    Ok((cert, key))
+}
+
+/// What the replica of `pid` answers to GET `path` on its API port, as `admin`
+/// ([`admin_identity`]).
+pub(super) fn get_from_replica(
+    admin: &(PathBuf, PathBuf),
+    pid: &str,
+    path: &str,
+) -> Result<String> {
+    crate::exec::output(
+        curl_in(pid)?
+            .arg("--fail")
+            .arg("--cert")
+            .arg(&admin.0)
+            .arg("--key")
+            .arg(&admin.1)
+            .args([
+                "--resolve",
+                &format!("{SERVER_HOST}:10250:127.0.0.1"),
+                &format!("https://{SERVER_HOST}:10250{path}"),
+            ]),
+    )
+}
+
+/// What each running aggregator-api replica answers to GET each of `paths`, one list per
+/// replica in the order of `paths` (read as [`server_metrics`] reads them: as the cluster's
+/// admin, from inside the replica's network namespace), so that a check sees every replica
+/// and not the one kube-apiserver's proxy picks.
+pub(super) fn from_each_replica(ctx: &Ctx<'_>, paths: &[&str]) -> Result<Vec<Vec<String>>> {
+    let admin = admin_identity(ctx)?;
+    replica_pids(ctx)?
+        .iter()
+        .map(|pid| {
+            paths
+                .iter()
+                .map(|path| get_from_replica(&admin, pid, path))
+                .collect()
+        })
+        .collect()
 }
 
 /// `kpulse_aggregator_requests_total`, summed over the aggregator-api replicas, by its

@@ -28,6 +28,7 @@ mod images;
 mod migrate;
 mod pki;
 mod swap;
+mod tokens;
 pub mod versions;
 pub mod versus;
 

@@ -30,7 +30,9 @@
 //!    with `--flowschema-every-other-round`, the "on" arms of rounds 2, 4, … run without
 //!    kpulse's FlowSchema for its reviews (its TokenReviews then queue with every other
 //!    ServiceAccount's requests, as before deploy/ had it), to show what it changes in the
-//!    same run;
+//!    same run; with `--review-tokens-every-other-round`, they run with
+//!    `--agent-token-verification=review` (a TokenReview for every agent's stream, as before
+//!    the replicas verified the tokens themselves);
 //!
 //!    each measured over `--window-secs` after `--settle-secs`: CPU (`utime + stime`) and RSS
 //!    of kube-apiserver and etcd (the processes `cluster up` started), kube-apiserver's
@@ -123,8 +125,14 @@ pub struct Options {
     /// Take kpulse's FlowSchema for its reviews (deploy/base/flowcontrol.yaml) away in the
     /// "on" arm of every second round (rounds 2, 4, …), to compare starts and restarts with
     /// and without it in one run, alternating.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "review_tokens_every_other_round")]
     flowschema_every_other_round: bool,
+    /// Have the replicas review every agent's token (`--agent-token-verification=review`)
+    /// in the "on" arm of every second round (rounds 2, 4, …), and verify them themselves
+    /// (`local`, the default) in the others: starts and restarts with and without the
+    /// TokenReviews, in one run, alternating.
+    #[arg(long)]
+    review_tokens_every_other_round: bool,
     /// Use the release binaries as they are.
     #[arg(long)]
     no_build: bool,
@@ -215,6 +223,9 @@ struct OnArm {
     /// Whether kpulse's FlowSchema was in the cluster (`--flowschema-every-other-round`
     /// takes it away in every second round).
     flowschema: bool,
+    /// How the replicas verified the agents' tokens (`--review-tokens-every-other-round`
+    /// has them review every one in every second round): `local` or `review`.
+    verification: &'static str,
     /// From starting the agents to every replica ready.
     start_to_ready: f64,
     /// From starting the agents to every fleet node served from its agent on every replica
@@ -412,9 +423,10 @@ impl Bench<'_> {
                     println!("bench-fleet: round {}/{}: on", round + 1, opts.rounds);
                     let (cost, arm) = self.on_arm(saved, round)?;
                     println!(
-                        "bench-fleet: {cost:?}; FlowSchema {}; start to ready {:.1} s, to all \
-                         from agents {:.1} s, TokenReviews {}, rejected {}; {:?}",
+                        "bench-fleet: {cost:?}; FlowSchema {}; tokens {}; start to ready {:.1} \
+                         s, to all from agents {:.1} s, TokenReviews {}, rejected {}; {:?}",
                         arm.flowschema,
+                        arm.verification,
                         arm.start_to_ready,
                         arm.start_to_agents,
                         arm.start_tokenreviews,
@@ -456,9 +468,11 @@ impl Bench<'_> {
     /// New replicas (the old ones, if any, gone first: every "on" arm starts alike) with the
     /// fleet's agents streaming, every replica ready; the agents' processes, the seconds
     /// from their start to every replica ready, and the counters before they started.
-    fn start_on(&self, saved: &Saved) -> Result<(Agents, f64, Sample)> {
+    fn start_on(&self, saved: &Saved, verification: &str) -> Result<(Agents, f64, Sample)> {
         self.scale(0)?;
         self.wait_replicas("gone", <[Replica]>::is_empty)?;
+        // At 0 replicas, a new template rolls nothing: the replicas below start with it.
+        self.set_token_verification(verification)?;
         self.ensure_apiservices(saved)?;
         self.scale(saved.on_replicas())?;
         let replicas = self.wait_replicas("running with an address", |r| {
@@ -514,11 +528,17 @@ impl Bench<'_> {
     }
 
     fn on_arm(&self, saved: &Saved, round: usize) -> Result<(Cost, OnArm)> {
-        let away = self.opts.flowschema_every_other_round && !round.is_multiple_of(2);
+        let second = !round.is_multiple_of(2);
+        let away = self.opts.flowschema_every_other_round && second;
         self.set_flowschema(saved, !away)?;
         // As it is, whether or not this run changes it.
         let flowschema = !self.flowschema("name")?.trim().is_empty();
-        let (mut agents, start_to_ready, before) = self.start_on(saved)?;
+        let verification = if self.opts.review_tokens_every_other_round && second {
+            "review"
+        } else {
+            "local"
+        };
+        let (mut agents, start_to_ready, before) = self.start_on(saved, verification)?;
         let ready = self.sample()?;
         // Readiness may come at its 60 s limit with agents still connecting: the steady
         // window begins once every node is served from its agent (or that wait's limit).
@@ -528,6 +548,7 @@ impl Bench<'_> {
         };
         let mut arm = OnArm {
             flowschema,
+            verification,
             start_to_ready,
             start_to_agents,
             start_tokenreviews: tokenreviews(&ready.metrics) - tokenreviews(&before.metrics),
@@ -635,7 +656,7 @@ impl Bench<'_> {
     /// the HPA phase ([`hpa`]) with the same agents.
     /// An HPA phase that fails is reported as such: it comes last, after what was measured.
     fn reads_and_hpas(&self, saved: &Saved) -> Result<(Vec<Reads>, Result<hpa::Phase>)> {
-        let (mut agents, _, _) = self.start_on(saved)?;
+        let (mut agents, _, _) = self.start_on(saved, "local")?;
         // Reads of a replica still waiting for agents would count their gaps as errors.
         if self.wait_from_agents(COMPLETE_LIMIT)?.is_none() {
             println!(

@@ -107,19 +107,20 @@ impl Bench<'_> {
              missing: a figure near 60 s is that timeout), and every fleet node served from its \
              agent on every replica. TokenReviews, APF rejections and kube-apiserver's CPU from \
              just before the kill to then:\n\n\
-             | round | kpulse FlowSchema | start → every Pod Ready (s) | start → all from \
-             agents (s) | TokenReviews | APF rejected | kill → \
+             | round | kpulse FlowSchema | agents' tokens | start → every Pod Ready (s) | \
+             start → all from agents (s) | TokenReviews | APF rejected | kill → \
              answering (s) | kill → readyz 200 (s) | kill → all from agents (s) | TokenReviews | \
              APF rejected | kube-apiserver during (mCPU) | ticks sent / unsent | pod-watch \
-             events / errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+             events / errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for (i, a) in arms.iter().enumerate() {
             let r = &a.restart;
             out.push_str(&format!(
-                "| {} | {} | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} \
-                 | {:.0} | {} / {} | {} / {} |\n",
+                "| {} | {} | {} | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} \
+                 | {:.0} | {:.0} | {} / {} | {} / {} |\n",
                 i + 1,
                 if a.flowschema { "yes" } else { "no" },
+                a.verification,
                 a.start_to_ready,
                 a.start_to_agents,
                 a.start_tokenreviews,

@@ -232,6 +232,36 @@ impl Bench<'_> {
         self.rollout()
     }
 
+    /// Sets the replicas' `--agent-token-verification` in the Deployment's template
+    /// (`local` is the server's default and is set as such); the saved arguments are put
+    /// back by [`Self::restore_deployment`].
+    pub(super) fn set_token_verification(&self, mode: &str) -> Result<()> {
+        const FLAG: &str = "--agent-token-verification=";
+        let current = self.kubectl(&[
+            "-n",
+            NAMESPACE,
+            "get",
+            "deployment",
+            DEPLOYMENT,
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].args}",
+        ])?;
+        let current: Vec<String> = serde_json::from_str(&current)
+            .with_context(|| format!("the Deployment's args: {current}"))?;
+        let mut args: Vec<String> = current
+            .iter()
+            .filter(|a| !a.starts_with(FLAG))
+            .cloned()
+            .collect();
+        args.push(format!("{FLAG}{mode}"));
+        if args == current {
+            return Ok(());
+        }
+        self.patch(&json!([
+            {"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args},
+        ]))
+    }
+
     /// Puts the Deployment, the APIServices and the FlowSchema back, trying each whatever
     /// the others' errors; what was put back is no longer kept in the cluster's state.
     pub(super) fn restore(&self, saved: &Saved) -> Result<()> {

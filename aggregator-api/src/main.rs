@@ -412,8 +412,10 @@ fn agent_identity(
         .filter(|a| !a.is_empty())
         .collect();
     let client = client.filter(|_| cfg.authentication_token_webhook);
+    // Without an audience of kpulse's own, the reviews ask for kube-apiserver's, which
+    // only kube-apiserver can judge.
     let local = match (&client, agents, cfg.agent_token_verification) {
-        (Some(client), Some(agents), TokenVerification::Local) => {
+        (Some(client), Some(agents), TokenVerification::Local) if !audiences.is_empty() => {
             let local = LocalVerifier::new(agents, cfg.agent_namespace.clone(), audiences.clone());
             tokio::spawn(local.clone().follow(client.clone()));
             Some(local)

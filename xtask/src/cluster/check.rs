@@ -723,18 +723,9 @@ struct StartSources {
 /// they are read from the node, inside the agent's network namespace: the container's PID
 /// from the cluster's own `crictl`, then `nsenter --net` and `curl`.
 fn agent_start_sources(ctx: &Ctx<'_>) -> Result<StartSources> {
-    let pods = ctx.json(&[
-        "get",
-        "pods",
-        "-n",
-        "kpulse-system",
-        "-l",
-        super::fallback::AGENTS,
-    ])?;
-    let id = pods["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let pods = kpulse_pods(ctx, super::fallback::AGENTS, None)?;
+    let id = pods
+        .iter()
         .filter_map(|p| p["status"]["containerStatuses"][0]["containerID"].as_str())
         .find_map(|id| id.strip_prefix("containerd://"))
         .context("no running agent container")?
@@ -813,26 +804,37 @@ pub(super) fn curl_in(pid: &str) -> Result<Command> {
     Ok(c)
 }
 
+/// The pods of `kpulse-system` that the label `selector` selects, and the field selector
+/// `fields` where given, as JSON.
+pub(super) fn kpulse_pods(
+    ctx: &Ctx<'_>,
+    selector: &str,
+    fields: Option<&str>,
+) -> Result<Vec<Value>> {
+    let fields = fields.map(|f| format!("--field-selector={f}"));
+    let mut args = vec!["get", "pods", "-n", "kpulse-system", "-l", selector];
+    args.extend(fields.as_deref());
+    let pods = ctx.json(&args)?;
+    Ok(pods["items"].as_array().cloned().unwrap_or_default())
+}
+
 /// The PID of each running aggregator-api replica's container (not being deleted).
 pub(super) fn replica_pids(ctx: &Ctx<'_>) -> Result<Vec<String>> {
-    let pods = ctx.json(&[
-        "get",
-        "pods",
-        "-n",
-        "kpulse-system",
-        "-l",
+    let pids = kpulse_pods(
+        ctx,
         "app.kubernetes.io/name=kpulse-aggregator-api",
-        "--field-selector=status.phase=Running",
-    ])?;
-    let pids = pods["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-        .filter_map(|p| p["status"]["containerStatuses"][0]["containerID"].as_str())
-        .filter_map(|id| id.strip_prefix("containerd://"))
-        .map(|id| container_pid(ctx, id).map(|pid| pid.to_string()))
-        .collect::<Result<Vec<_>>>()?;
+        Some("status.phase=Running"),
+    )?
+    .into_iter()
+    .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+    .filter_map(|p| {
+        p["status"]["containerStatuses"][0]["containerID"]
+            .as_str()
+            .and_then(|id| id.strip_prefix("containerd://"))
+            .map(str::to_owned)
+    })
+    .map(|id| container_pid(ctx, &id).map(|pid| pid.to_string()))
+    .collect::<Result<Vec<_>>>()?;
     ensure!(!pids.is_empty(), "no running aggregator-api replica");
     Ok(pids)
 }

@@ -32,19 +32,8 @@ fn accepted(metrics_text: &str) -> f64 {
 
 /// A running agent pod (not being deleted) and its node.
 fn agent_pod(ctx: &Ctx<'_>) -> Result<(String, String)> {
-    let pods = ctx.json(&[
-        "get",
-        "pods",
-        "-n",
-        "kpulse-system",
-        "-l",
-        super::fallback::AGENTS,
-        "--field-selector=status.phase=Running",
-    ])?;
-    pods["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    check::kpulse_pods(ctx, super::fallback::AGENTS, Some("status.phase=Running"))?
+        .iter()
         .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
         .find_map(|p| {
             Some((

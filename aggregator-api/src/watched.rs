@@ -74,6 +74,9 @@ pub struct Mirror<V> {
     listed: AtomicBool,
     /// The API refused the list for good (see [`refused`]) and none has come since.
     refused: AtomicBool,
+    /// The watch's last attempt failed and nothing has arrived since: what is here may be
+    /// out of date by any amount.
+    failing: AtomicBool,
 }
 
 impl<V> Default for Mirror<V> {
@@ -82,6 +85,7 @@ impl<V> Default for Mirror<V> {
             items: RwLock::new(BTreeMap::new()),
             listed: AtomicBool::new(false),
             refused: AtomicBool::new(false),
+            failing: AtomicBool::new(false),
         }
     }
 }
@@ -101,6 +105,17 @@ impl<V: PartialEq> Mirror<V> {
     /// resource, not a Kubernetes API) and no list has succeeded since.
     pub fn refused(&self) -> bool {
         self.refused.load(Ordering::Acquire)
+    }
+
+    /// Whether the set is listed and its watch is working: what is here is the API's state
+    /// as of the watch's latency, not of an outage's start.
+    pub fn current(&self) -> bool {
+        self.listed() && !self.failing.load(Ordering::Acquire)
+    }
+
+    /// Records whether the watch is failing ([`Self::current`]).
+    pub fn set_failing(&self, failing: bool) {
+        self.failing.store(failing, Ordering::Release);
     }
 
     /// Records whether the last list attempt was [`refused`].
@@ -230,6 +245,7 @@ pub async fn follow_into<K, V, S>(
                 if !mirror.listed() {
                     mirror.set_refused(refused(&error));
                 }
+                mirror.set_failing(true);
                 failing = true;
                 continue;
             }
@@ -237,6 +253,7 @@ pub async fn follow_into<K, V, S>(
         if failing {
             tracing::info!(what = say.what, "watching again");
             failing = false;
+            mirror.set_failing(false);
         }
         mirror.set_refused(false);
         let Some(change) = relist.on(map_event(event, &kept)) else {
@@ -288,6 +305,19 @@ async fn next<S: WatchStreamExt + ?Sized>(mut stream: std::pin::Pin<&mut S>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn current_once_listed_and_while_the_watch_works() {
+        let m = Mirror::<u32>::new();
+        assert!(!m.current(), "not listed");
+        m.apply(Change::Replace(BTreeMap::from([("a".to_string(), 1)])));
+        assert!(m.current());
+        m.set_failing(true);
+        assert!(!m.current(), "failing: out of date by any amount");
+        assert!(m.contains("a"), "what was seen stays");
+        m.set_failing(false);
+        assert!(m.current());
+    }
 
     #[test]
     fn a_failing_watch_retries_within_twice_the_cap() {

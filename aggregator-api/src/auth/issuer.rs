@@ -11,27 +11,30 @@
 //! checks kube-apiserver makes of a pod-bound token, in the same order:
 //!
 //! 1. the signature, with a key of the issuer's set chosen by the token's key id, in an
-//!    asymmetric algorithm of that key's family (never HMAC), by `jsonwebtoken`;
-//! 2. the issuer (the discovery document's), an audience of `--agent-token-audience`,
-//!    expiry and not-before within [`LEEWAY`];
+//!    asymmetric algorithm of that key's family and the key's own algorithm (never HMAC),
+//!    by `jsonwebtoken`;
+//! 2. the issuer (the discovery document's, a string), an audience of
+//!    `--agent-token-audience`, expiry, not-before and issued-at within [`LEEWAY`];
 //! 3. the claims of a pod-bound token: `sub` is the service account the `kubernetes.io`
-//!    claim names, which must be bound to a pod;
+//!    claim names, which must be bound to a pod and name its node (kube-apiserver 1.30+;
+//!    a review's answer names the node from that claim, and without one it is refused);
 //! 4. that pod is one of the agent pods this replica watches (`--agent-namespace`,
-//!    `--agent-selector`), with the token's uid (a pod deleted and created again under the
-//!    same name has another), not being deleted, running as the token's service account,
-//!    on a node, which must be the token's node when the token names one.
+//!    `--agent-selector`; listed, and the watch not failing), with the token's uid (a pod
+//!    deleted and created again under the same name has another), not being deleted,
+//!    running as the token's service account, on the node the token names.
 //!
-//! The node the stream may then report is the pod's node, from the watch. Nothing here
-//! refuses a token: whatever fails a check, or cannot be checked (no keys yet, a key id
-//! not in the set, a pod the watch has not seen yet), goes to a TokenReview as before, so
-//! kube-apiserver stays the judge of every token this module does not accept.
+//! Nothing here refuses a token: whatever fails a check, or cannot be checked (no keys
+//! yet, a key id not in the set, the pods not listed or their watch failing, a pod the
+//! watch has not seen yet), goes to a TokenReview as before, so kube-apiserver stays the
+//! judge of every token this module does not accept.
 //!
-//! What it gives up against a review, stated in deploy/README.md: a pod deleted, or a
-//! service account deleted, is noticed when this replica's watch sees it (a review asks
-//! kube-apiserver's own state; the service account's deletion is not watched at all: it
-//! deletes the agent pods, which is), and a key the issuer stops publishing is trusted
-//! until the next fetch, at most [`REFRESH`] later. The keys are fetched every [`REFRESH`],
-//! at once on an unknown key id (at most every [`MIN_REFETCH`]), and forgotten when no
+//! What it gives up against a review, stated in deploy/README.md: a pod deleted is noticed
+//! when this replica's watch sees it (a review asks kube-apiserver's own state), the service
+//! account's uid is not compared (its deletion is not watched; it does not delete the
+//! pods), and a key the issuer stops publishing is trusted until the next successful fetch:
+//! within [`REFRESH`] while fetches succeed, at most [`MAX_AGE`] while they fail. The keys
+//! are fetched every [`REFRESH`], at once on an unknown key id (at most every
+//! [`MIN_REFETCH`]), every [`MIN_REFETCH`] while none are usable, and not used once no
 //! fetch has succeeded for [`MAX_AGE`].
 
 use std::{
@@ -42,7 +45,7 @@ use std::{
 use arc_swap::ArcSwapOption;
 use http_body_util::{BodyExt, Limited};
 use jsonwebtoken::{
-    jwk::{AlgorithmParameters, JwkSet},
+    jwk::{AlgorithmParameters, Jwk, JwkSet, KeyAlgorithm},
     Algorithm, DecodingKey, Validation,
 };
 use serde::Deserialize;
@@ -80,17 +83,23 @@ pub enum Deferral {
     /// The token failed a check of its signature or claims.
     #[error("the token does not verify against the issuer's keys and claims")]
     Invalid,
-    /// Not bound to an agent pod this replica knows, by name and uid, on a node.
+    /// The agent pods are not listed yet, or their watch is failing: the replica cannot
+    /// tell which pods exist now.
+    #[error("the agent pods are not known now (not listed yet, or their watch is failing)")]
+    PodsUnknown,
+    /// Not bound to an agent pod this replica knows, by name and uid, on the node the
+    /// token names.
     #[error("the token is not bound to a known agent pod")]
     NotAnAgentPod,
 }
 
 impl Deferral {
     /// Every deferral.
-    pub const ALL: [Deferral; 4] = [
+    pub const ALL: [Deferral; 5] = [
         Deferral::NoKeys,
         Deferral::UnknownKey,
         Deferral::Invalid,
+        Deferral::PodsUnknown,
         Deferral::NotAnAgentPod,
     ];
 
@@ -100,6 +109,7 @@ impl Deferral {
             Deferral::NoKeys => "no_keys",
             Deferral::UnknownKey => "unknown_key",
             Deferral::Invalid => "invalid",
+            Deferral::PodsUnknown => "pods_unknown",
             Deferral::NotAnAgentPod => "not_an_agent_pod",
         }
     }
@@ -159,6 +169,10 @@ pub enum FetchError {
 #[derive(Debug, Deserialize)]
 struct Claims {
     sub: String,
+    /// A string, as kube-apiserver issues it (`jsonwebtoken` would also take an array).
+    #[allow(dead_code)]
+    iss: String,
+    iat: Option<u64>,
     #[serde(rename = "kubernetes.io")]
     kubernetes: KubernetesClaims,
 }
@@ -244,22 +258,7 @@ impl LocalVerifier {
             self.refetch.notify_one();
             return Err(Deferral::UnknownKey);
         };
-        let family_matches = matches!(
-            (&jwk.algorithm, header.alg),
-            (
-                AlgorithmParameters::RSA(_),
-                Algorithm::RS256
-                    | Algorithm::RS384
-                    | Algorithm::RS512
-                    | Algorithm::PS256
-                    | Algorithm::PS384
-                    | Algorithm::PS512,
-            ) | (
-                AlgorithmParameters::EllipticCurve(_),
-                Algorithm::ES256 | Algorithm::ES384
-            )
-        );
-        if !family_matches {
+        if !algorithm_fits(jwk, header.alg) {
             return Err(Deferral::Invalid);
         }
         let key = DecodingKey::from_jwk(jwk).map_err(|_| Deferral::Invalid)?;
@@ -272,6 +271,13 @@ impl LocalVerifier {
         let claims = jsonwebtoken::decode::<Claims>(token, &key, &validation)
             .map_err(|_| Deferral::Invalid)?
             .claims;
+        // Issued in the future (beyond the skew): refused, as kube-apiserver's validator does.
+        if claims
+            .iat
+            .is_some_and(|iat| iat > jsonwebtoken::get_current_timestamp() + LEEWAY)
+        {
+            return Err(Deferral::Invalid);
+        }
         self.bound_pod(&claims)
     }
 
@@ -286,8 +292,15 @@ impl LocalVerifier {
             return Err(Deferral::Invalid);
         }
         let pod = k.pod.as_ref().ok_or(Deferral::NotAnAgentPod)?;
+        // The node claim (kube-apiserver 1.30+): a TokenReview's node-name extra comes from
+        // it, and without it a review's answer is refused (`Identity::authorize`), so a
+        // token without one is left to the review here too.
+        let claimed_node = k.node.as_ref().ok_or(Deferral::NotAnAgentPod)?;
         if k.namespace != self.namespace {
             return Err(Deferral::NotAnAgentPod);
+        }
+        if !self.agents.current() {
+            return Err(Deferral::PodsUnknown);
         }
         let node = self
             .agents
@@ -298,7 +311,7 @@ impl LocalVerifier {
             })
             .flatten()
             .ok_or(Deferral::NotAnAgentPod)?;
-        if k.node.as_ref().is_some_and(|n| n.name != node) {
+        if claimed_node.name != node {
             return Err(Deferral::NotAnAgentPod);
         }
         Ok(Verified { user, node })
@@ -308,10 +321,12 @@ impl LocalVerifier {
     /// names an unknown key (at most every [`MIN_REFETCH`]). Never returns. Failures are
     /// logged at WARN (tokens then go to TokenReviews) and tried again at the next turn.
     pub async fn follow(self: Arc<Self>, client: kube::Client) {
+        // The first failure of a spell at WARN, the rest at DEBUG; keys given up once.
         let mut failing = false;
+        let mut expired = false;
         loop {
             let started = Instant::now();
-            match tokio::time::timeout(FETCH_TIMEOUT, fetch(&client)).await {
+            let error = match tokio::time::timeout(FETCH_TIMEOUT, fetch(&client)).await {
                 Ok(Ok(keys)) => {
                     if failing || self.keys.load().is_none() {
                         tracing::info!(
@@ -322,24 +337,43 @@ impl LocalVerifier {
                         );
                     }
                     failing = false;
+                    expired = false;
                     self.set_keys(keys);
+                    None
                 }
-                Ok(Err(error)) => {
-                    failing = true;
+                Ok(Err(error)) => Some(error.to_string()),
+                Err(_) => Some(format!("timed out after {FETCH_TIMEOUT:?}")),
+            };
+            if let Some(error) = error {
+                if failing {
+                    tracing::debug!(%error, "still cannot read the service account issuer's keys");
+                } else {
                     tracing::warn!(
                         %error,
                         "cannot read the service account issuer's keys (needs get on \
-                         {DISCOVERY_PATH} and {JWKS_PATH}); agents' tokens go to TokenReviews"
+                         {DISCOVERY_PATH} and {JWKS_PATH}); tokens go to TokenReviews when \
+                         no keys are known, the last ones are used for at most {MAX_AGE:?}"
                     );
                 }
-                Err(_) => {
-                    failing = true;
+                failing = true;
+                let stale = self
+                    .keys
+                    .load()
+                    .as_ref()
+                    .is_some_and(|k| k.fetched.elapsed() > MAX_AGE);
+                if stale && !expired {
                     tracing::warn!(
-                        after = ?FETCH_TIMEOUT,
-                        "reading the service account issuer's keys timed out; agents' tokens \
-                         go to TokenReviews"
+                        "the service account issuer's keys were last read over {MAX_AGE:?} \
+                         ago: no longer used; agents' tokens go to TokenReviews"
                     );
+                    expired = true;
                 }
+            }
+            // Without usable keys, try again soon; with them, at the refresh or an unknown
+            // key id, whichever comes first.
+            if !self.has_usable_keys() {
+                tokio::time::sleep(MIN_REFETCH).await;
+                continue;
             }
             tokio::select! {
                 () = tokio::time::sleep(REFRESH) => {}
@@ -348,6 +382,47 @@ impl LocalVerifier {
             tokio::time::sleep(MIN_REFETCH.saturating_sub(started.elapsed())).await;
         }
     }
+
+    fn has_usable_keys(&self) -> bool {
+        self.keys
+            .load()
+            .as_ref()
+            .is_some_and(|k| k.fetched.elapsed() <= MAX_AGE)
+    }
+}
+
+/// Whether a token signed with `alg` may be checked with `jwk`: an asymmetric algorithm of
+/// the key's family (never HMAC, whose secret would be the public key), and the key's own
+/// algorithm where it names one (kube-apiserver's keys do).
+fn algorithm_fits(jwk: &Jwk, alg: Algorithm) -> bool {
+    let family = matches!(
+        (&jwk.algorithm, alg),
+        (
+            AlgorithmParameters::RSA(_),
+            Algorithm::RS256
+                | Algorithm::RS384
+                | Algorithm::RS512
+                | Algorithm::PS256
+                | Algorithm::PS384
+                | Algorithm::PS512,
+        ) | (
+            AlgorithmParameters::EllipticCurve(_),
+            Algorithm::ES256 | Algorithm::ES384
+        )
+    );
+    let named = match jwk.common.key_algorithm {
+        None => return family,
+        Some(KeyAlgorithm::RS256) => Algorithm::RS256,
+        Some(KeyAlgorithm::RS384) => Algorithm::RS384,
+        Some(KeyAlgorithm::RS512) => Algorithm::RS512,
+        Some(KeyAlgorithm::PS256) => Algorithm::PS256,
+        Some(KeyAlgorithm::PS384) => Algorithm::PS384,
+        Some(KeyAlgorithm::PS512) => Algorithm::PS512,
+        Some(KeyAlgorithm::ES256) => Algorithm::ES256,
+        Some(KeyAlgorithm::ES384) => Algorithm::ES384,
+        Some(_) => return false,
+    };
+    family && named == alg
 }
 
 /// GETs `path` from kube-apiserver, at most [`MAX_DOCUMENT_BYTES`], as JSON.
@@ -394,8 +469,21 @@ async fn get_json<T: serde::de::DeserializeOwned>(
 ///
 /// [`FetchError`]; a key set without a usable key is a [`FetchError::Document`].
 pub async fn fetch(client: &kube::Client) -> Result<Keys, FetchError> {
+    #[derive(Deserialize)]
+    struct RawSet {
+        keys: Vec<serde_json::Value>,
+    }
     let discovery: Discovery = get_json(client, DISCOVERY_PATH).await?;
-    let set: JwkSet = get_json(client, JWKS_PATH).await?;
+    let raw: RawSet = get_json(client, JWKS_PATH).await?;
+    // Each key on its own: one this crate cannot read (a P-521 key, an algorithm it does not
+    // know) is left out, not the whole set.
+    let set = JwkSet {
+        keys: raw
+            .keys
+            .into_iter()
+            .filter_map(|k| serde_json::from_value::<Jwk>(k).ok())
+            .collect(),
+    };
     if !set.keys.iter().any(|k| {
         k.common.key_id.is_some()
             && matches!(
@@ -561,9 +649,32 @@ mod tests {
             })
         );
         // A pod not yet Ready is an agent still: its first stream comes before readiness.
-        // Without the node claim (kube-apiserver before 1.32), the pod's node.
+        // Without the node claim (kube-apiserver before 1.30), a review decides (and, its
+        // answer naming no node, refuses).
         let older = with(claims(), &["kubernetes.io", "node"], Value::Null);
-        assert_eq!(v.verify(&s.token(&older)).map(|a| a.node), Ok("n1".into()));
+        assert_eq!(v.verify(&s.token(&older)), Err(Deferral::NotAnAgentPod));
+    }
+
+    #[test]
+    fn pods_not_listed_or_not_watched_go_to_a_review() {
+        let s = Signer::new("k1");
+        let v = verifier(&s);
+        let token = s.token(&claims());
+        v.agents.set_failing(true);
+        assert_eq!(v.verify(&token), Err(Deferral::PodsUnknown));
+        v.agents.set_failing(false);
+        assert!(v.verify(&token).is_ok());
+        let unlisted = LocalVerifier::new(
+            AgentPods::new(),
+            "kpulse-system".into(),
+            vec!["kpulse".into()],
+        );
+        unlisted.set_keys(Keys {
+            issuer: ISSUER.into(),
+            set: serde_json::from_value(json!({"keys": [s.jwk()]})).expect("set"),
+            fetched: Instant::now(),
+        });
+        assert_eq!(unlisted.verify(&token), Err(Deferral::PodsUnknown));
     }
 
     #[test]
@@ -585,6 +696,8 @@ mod tests {
             (&["exp"], Value::Null),
             (&["iss"], Value::Null),
             (&["aud"], Value::Null),
+            (&["iss"], json!([ISSUER])),
+            (&["iat"], json!(now() + LEEWAY + 60)),
         ] {
             let bad = with(claims(), path, value.clone());
             assert_eq!(
@@ -604,7 +717,8 @@ mod tests {
         let s = Signer::new("k1");
         let v = verifier(&s);
         // An HMAC over the token with the public key as the secret: the classic confusion.
-        for alg in ["HS256", "RS256", "none"] {
+        // ES384 is of the key's family, but the key names ES256.
+        for alg in ["HS256", "RS256", "PS256", "ES384", "none"] {
             let t = s.sign(&json!({"alg": alg, "kid": "k1"}), &claims());
             assert_eq!(v.verify(&t), Err(Deferral::Invalid), "{alg}");
         }
@@ -719,6 +833,22 @@ mod tests {
         let keys = fetch(&api.client()).await.expect("keys");
         assert_eq!(keys.issuer, ISSUER);
         assert!(keys.set.find("k1").is_some());
+
+        // A key this crate cannot read (P-521, ES512) is left out, not the whole set.
+        let s2 = Signer::new("k2");
+        let mixed = json!({"keys": [
+            {"use": "sig", "kty": "EC", "kid": "p521", "crv": "P-521", "alg": "ES512",
+             "x": "AA", "y": "AA"},
+            s2.jwk(),
+        ]});
+        let api = FakeApi::start(move |path, _| match path {
+            JWKS_PATH => (200, mixed.clone()),
+            _ => (200, json!({"issuer": ISSUER})),
+        })
+        .await;
+        let keys = fetch(&api.client()).await.expect("keys");
+        assert_eq!(keys.set.keys.len(), 1);
+        assert!(keys.set.find("k2").is_some());
 
         // Forbidden (the role not bound), an empty set, an oversized one: errors.
         let forbidden = FakeApi::start(|_, _| (403, json!({"kind": "Status"}))).await;

@@ -22,11 +22,14 @@ const OTHER_NODE: &str = "kpulse-token-check.invalid";
 /// The aggregator-api's `--ingest-port` in deploy/.
 const INGEST_PORT: u16 = 8444;
 
-fn accepted(metrics_text: &str) -> f64 {
-    harness::sum(
-        &harness::parse_metrics(metrics_text),
-        "kpulse_aggregator_ingest_local_token_checks_total",
-        |labels| labels.contains("outcome=\"accepted\""),
+/// The local token checks a replica's metrics count: (accepted, left to a review).
+fn checks(metrics_text: &str) -> (f64, f64) {
+    let m = harness::parse_metrics(metrics_text);
+    let name = "kpulse_aggregator_ingest_local_token_checks_total";
+    let accepted = |labels: &str| labels.contains("outcome=\"accepted\"");
+    (
+        harness::sum(&m, name, accepted),
+        harness::sum(&m, name, |l| !accepted(l)),
     )
 }
 
@@ -87,7 +90,7 @@ pub(super) fn agent_tokens_verified_locally(ctx: &Ctx<'_>) -> Result<String> {
     let host = check::SERVER_HOST;
     let mut replicas = 0;
     for pid in check::replica_pids(ctx)? {
-        let before = accepted(&check::get_from_replica(&admin, &pid, "/metrics")?);
+        let before = checks(&check::get_from_replica(&admin, &pid, "/metrics")?);
         let answer = crate::exec::output(
             check::curl_in(&pid)?
                 .args(["-X", "POST", "-w", "\n%{http_code}", "-H"])
@@ -100,18 +103,24 @@ pub(super) fn agent_tokens_verified_locally(ctx: &Ctx<'_>) -> Result<String> {
                     &format!("https://{host}:{INGEST_PORT}{STREAM_PATH}"),
                 ]),
         )?;
-        let after = accepted(&check::get_from_replica(&admin, &pid, "/metrics")?);
+        let after = checks(&check::get_from_replica(&admin, &pid, "/metrics")?);
         let (body, status) = answer.trim_end().rsplit_once('\n').unwrap_or(("", &answer));
         ensure!(
             status.trim() == "403" && body.contains(&format!("bound to node {node:?}")),
             "replica (pid {pid}): a token bound to {pod} on {node}, with a Hello for \
              {OTHER_NODE}: HTTP {status} {body} (want 403 naming {node})"
         );
+        // Accepted once more, and nothing left to a review meanwhile (the agent's own
+        // reconnect, accepted at the same moment, cannot stand in for a deferred probe).
         ensure!(
-            after > before,
-            "replica (pid {pid}) authenticated the token, but not by its own checks: \
-             local_token_checks_total{{outcome=\"accepted\"}} stayed at {before} (a \
-             TokenReview decided; see the replica's log and the outcome counters)"
+            after.0 > before.0 && after.1 == before.1,
+            "replica (pid {pid}) authenticated the token, but not by its own checks: local \
+             token checks accepted {} → {}, left to a TokenReview {} → {} (see the replica's \
+             log and kpulse_aggregator_ingest_local_token_checks_total{{outcome}})",
+            before.0,
+            after.0,
+            before.1,
+            after.1
         );
         replicas += 1;
     }
@@ -126,10 +135,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn accepted_counts_only_that_outcome() {
+    fn accepted_and_deferred_apart() {
         let text = "kpulse_aggregator_ingest_local_token_checks_total{outcome=\"accepted\"} 3\n\
-                    kpulse_aggregator_ingest_local_token_checks_total{outcome=\"no_keys\"} 9\n";
-        assert_eq!(accepted(text), 3.0);
-        assert_eq!(accepted(""), 0.0);
+                    kpulse_aggregator_ingest_local_token_checks_total{outcome=\"no_keys\"} 9\n\
+                    kpulse_aggregator_ingest_local_token_checks_total{outcome=\"invalid\"} 1\n";
+        assert_eq!(checks(text), (3.0, 10.0));
+        assert_eq!(checks(""), (0.0, 0.0));
     }
 }

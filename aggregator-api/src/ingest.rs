@@ -334,7 +334,7 @@ impl Identity {
             )),
             Credentials::Token(token) => {
                 if let Some(local) = &self.local {
-                    match local.verify(token) {
+                    match local.check(token).await {
                         Ok(verified) => {
                             metrics.local_token_check(None);
                             return Ok(Agent {

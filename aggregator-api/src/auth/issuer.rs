@@ -26,7 +26,10 @@
 //! Nothing here refuses a token: whatever fails a check, or cannot be checked (no keys
 //! yet, a key id not in the set, the pods not listed or their watch failing, a pod the
 //! watch has not seen yet), goes to a TokenReview as before, so kube-apiserver stays the
-//! judge of every token this module does not accept.
+//! judge of every token this module does not accept. In the replica's first
+//! [`STARTUP_WAIT`], a token that arrives before the keys or the first list of the agent
+//! pods waits for them ([`LocalVerifier::check`]): a restarted replica's agents reconnect
+//! as soon as it listens, and would otherwise all be reviewed.
 //!
 //! What it gives up against a review, stated in deploy/README.md: a pod deleted is noticed
 //! when this replica's watch sees it (a review asks kube-apiserver's own state), the service
@@ -60,6 +63,14 @@ pub const MIN_REFETCH: Duration = Duration::from_secs(10);
 pub const MAX_AGE: Duration = Duration::from_secs(600);
 /// Time allowed for one fetch of both documents.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long after the replica starts a token that cannot be checked yet (no keys, or the
+/// agent pods not listed) waits for them rather than going to a review at once: a
+/// restarted replica's agents reconnect as soon as it listens, before its first list of
+/// the agent pods is in. With [`crate::ingest::AGENT_TOKEN_REVIEW_TIMEOUT`] after it, within
+/// the agent's 10 s for the handshakes.
+pub const STARTUP_WAIT: Duration = Duration::from_secs(2);
+/// How often a waiting token looks again.
+const STARTUP_POLL: Duration = Duration::from_millis(50);
 /// Clock skew allowed on `exp` and `nbf`, in seconds.
 pub const LEEWAY: u64 = 30;
 /// The largest discovery document or key set read.
@@ -198,6 +209,8 @@ struct Discovery {
 
 /// The checks of the module docs.
 pub struct LocalVerifier {
+    /// When it was made (the replica's start): [`STARTUP_WAIT`] counts from here.
+    started: Instant,
     keys: ArcSwapOption<Keys>,
     /// Asks the fetch loop for a fetch now (an unknown key id).
     refetch: tokio::sync::Notify,
@@ -224,6 +237,7 @@ impl LocalVerifier {
     /// `namespace`), with no keys until [`Self::set_keys`] or [`Self::follow`].
     pub fn new(agents: Arc<AgentPods>, namespace: String, audiences: Vec<String>) -> Arc<Self> {
         Arc::new(LocalVerifier {
+            started: Instant::now(),
             keys: ArcSwapOption::empty(),
             refetch: tokio::sync::Notify::new(),
             agents,
@@ -247,10 +261,33 @@ impl LocalVerifier {
         self.verify_at(token, Instant::now())
     }
 
+    /// [`Self::verify`], waiting for the keys and the agent pods while the replica is
+    /// younger than [`STARTUP_WAIT`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::verify`].
+    pub async fn check(&self, token: &str) -> Result<Verified, Deferral> {
+        loop {
+            match self.verify(token) {
+                Err(Deferral::NoKeys | Deferral::PodsUnknown)
+                    if self.started.elapsed() < STARTUP_WAIT =>
+                {
+                    tokio::time::sleep(STARTUP_POLL).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     fn verify_at(&self, token: &str, now: Instant) -> Result<Verified, Deferral> {
         let keys = self.keys.load_full().ok_or(Deferral::NoKeys)?;
         if now.saturating_duration_since(keys.fetched) > MAX_AGE {
             return Err(Deferral::NoKeys);
+        }
+        // Before the signature: a token waiting for the pods (`check`) costs no crypto.
+        if !self.agents.current() {
+            return Err(Deferral::PodsUnknown);
         }
         let header = jsonwebtoken::decode_header(token).map_err(|_| Deferral::Invalid)?;
         let kid = header.kid.as_deref().ok_or(Deferral::UnknownKey)?;
@@ -298,9 +335,6 @@ impl LocalVerifier {
         let claimed_node = k.node.as_ref().ok_or(Deferral::NotAnAgentPod)?;
         if k.namespace != self.namespace {
             return Err(Deferral::NotAnAgentPod);
-        }
-        if !self.agents.current() {
-            return Err(Deferral::PodsUnknown);
         }
         let node = self
             .agents
@@ -653,6 +687,33 @@ mod tests {
         // answer naming no node, refuses).
         let older = with(claims(), &["kubernetes.io", "node"], Value::Null);
         assert_eq!(v.verify(&s.token(&older)), Err(Deferral::NotAnAgentPod));
+    }
+
+    #[tokio::test]
+    async fn a_young_replica_waits_for_the_pods_a_little() {
+        let s = Signer::new("k1");
+        let v = verifier(&s);
+        let token = s.token(&claims());
+        v.agents.set_failing(true);
+        let agents = v.agents.clone();
+        let back = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            agents.set_failing(false);
+        });
+        assert!(v.check(&token).await.is_ok(), "waited for the watch");
+        back.await.expect("task");
+        // Past STARTUP_WAIT, no wait.
+        let old = LocalVerifier {
+            started: Instant::now() - STARTUP_WAIT,
+            keys: ArcSwapOption::empty(),
+            refetch: tokio::sync::Notify::new(),
+            agents: AgentPods::new(),
+            namespace: "kpulse-system".into(),
+            audiences: vec!["kpulse".into()],
+        };
+        let t0 = Instant::now();
+        assert_eq!(old.check(&token).await, Err(Deferral::NoKeys));
+        assert!(t0.elapsed() < STARTUP_WAIT);
     }
 
     #[test]

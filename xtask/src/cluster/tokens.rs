@@ -105,8 +105,13 @@ pub(super) fn agent_tokens_verified_locally(ctx: &Ctx<'_>) -> Result<String> {
         )?;
         let after = checks(&check::get_from_replica(&admin, &pid, "/metrics")?);
         let (body, status) = answer.trim_end().rsplit_once('\n').unwrap_or(("", &answer));
+        // The refusal's body is the wire's Error message, in JSON.
+        let message = serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+            .unwrap_or_default();
         ensure!(
-            status.trim() == "403" && body.contains(&format!("bound to node {node:?}")),
+            status.trim() == "403" && message.contains(&format!("bound to node {node:?}")),
             "replica (pid {pid}): a token bound to {pod} on {node}, with a Hello for \
              {OTHER_NODE}: HTTP {status} {body} (want 403 naming {node})"
         );

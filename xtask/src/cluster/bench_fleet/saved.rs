@@ -241,7 +241,6 @@ impl Bench<'_> {
             "-n",
             NAMESPACE,
             "get",
-            "deployment",
             DEPLOYMENT,
             "-o",
             "jsonpath={.spec.template.spec.containers[0].args}",

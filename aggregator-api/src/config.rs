@@ -271,8 +271,9 @@ pub struct Config {
     /// keys (read from kube-apiserver's `/openid/v1/jwks`) and the agent pods this replica
     /// watches, with a TokenReview only for a token that does not pass, so that a
     /// restarted replica does not send one review per node at once; `review`: a
-    /// TokenReview for every token, as before (a pod or service account deleted is then
-    /// refused by kube-apiserver's own state, not this replica's watch).
+    /// TokenReview for every token, as before (a deleted pod is then refused by
+    /// kube-apiserver's own state, not this replica's watch, and a deleted service account's
+    /// tokens at once: `local` does not watch service accounts).
     #[arg(
         long,
         env = "KPULSE_AGENT_TOKEN_VERIFICATION",

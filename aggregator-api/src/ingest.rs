@@ -100,7 +100,9 @@ pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 /// Time allowed for an agent's token review, the wait for a place among the reviews in
 /// flight included: the agent gives the TLS and HTTP/2 handshakes and the response headers
 /// 10 s together (`kpulse_agent::ship::Timeouts::handshake`), so a review that ends after 7 s
-/// leaves the handshakes 3 s, and one past that would answer an agent that has left.
+/// leaves the handshakes 3 s, and one past that would answer an agent that has left. (In a
+/// replica's first second a token may first wait for the issuer's keys,
+/// [`crate::auth::issuer::STARTUP_WAIT`]: then 2 s.)
 pub const AGENT_TOKEN_REVIEW_TIMEOUT: Duration = Duration::from_secs(7);
 /// Time allowed for the Hello to arrive.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);

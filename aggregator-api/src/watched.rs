@@ -29,6 +29,11 @@ use parking_lot::RwLock;
 /// at most twice this late (the jitter adds up to as much again); while kube-apiserver is
 /// away, each replica lists each watched kind once every few seconds.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(3);
+/// How long after a watch's last error its mirror counts as current again
+/// ([`Mirror::current`]): a failing watch errs at least every `2 × BACKOFF_MAX` (its retries'
+/// longest wait), and a watch resumed from its last resource version brings the changes it
+/// missed at once; quiet twice that long, it is watching again.
+pub const QUIET_AFTER_ERROR: Duration = Duration::from_secs(4 * BACKOFF_MAX.as_secs());
 
 /// The backoff of the server's watches: kube-runtime's default (from 0.8 s, doubling, a
 /// jitter adding up to as much again, back to the start after 120 s without a failure)
@@ -74,9 +79,10 @@ pub struct Mirror<V> {
     listed: AtomicBool,
     /// The API refused the list for good (see [`refused`]) and none has come since.
     refused: AtomicBool,
-    /// The watch's last attempt failed and nothing has arrived since: what is here may be
-    /// out of date by any amount.
-    failing: AtomicBool,
+    /// A (re-)list is under way: what is here is as old as its start.
+    relisting: AtomicBool,
+    /// The watch's last error.
+    last_error: parking_lot::Mutex<Option<std::time::Instant>>,
 }
 
 impl<V> Default for Mirror<V> {
@@ -85,7 +91,8 @@ impl<V> Default for Mirror<V> {
             items: RwLock::new(BTreeMap::new()),
             listed: AtomicBool::new(false),
             refused: AtomicBool::new(false),
-            failing: AtomicBool::new(false),
+            relisting: AtomicBool::new(false),
+            last_error: parking_lot::Mutex::new(None),
         }
     }
 }
@@ -107,15 +114,30 @@ impl<V: PartialEq> Mirror<V> {
         self.refused.load(Ordering::Acquire)
     }
 
-    /// Whether the set is listed and its watch is working: what is here is the API's state
-    /// as of the watch's latency, not of an outage's start.
+    /// Whether the set is listed and its watch is working: no re-list under way, no error
+    /// for [`QUIET_AFTER_ERROR`]. Then what is here is the API's state as of the watch's
+    /// latency, not of an outage's or a re-list's start.
     pub fn current(&self) -> bool {
-        self.listed() && !self.failing.load(Ordering::Acquire)
+        self.current_at(std::time::Instant::now())
     }
 
-    /// Records whether the watch is failing ([`Self::current`]).
-    pub fn set_failing(&self, failing: bool) {
-        self.failing.store(failing, Ordering::Release);
+    fn current_at(&self, now: std::time::Instant) -> bool {
+        self.listed()
+            && !self.relisting.load(Ordering::Acquire)
+            && self
+                .last_error
+                .lock()
+                .is_none_or(|at| now.saturating_duration_since(at) >= QUIET_AFTER_ERROR)
+    }
+
+    /// Records a re-list's start (`true`) or end.
+    pub fn set_relisting(&self, relisting: bool) {
+        self.relisting.store(relisting, Ordering::Release);
+    }
+
+    /// Records a watch error now.
+    pub fn watch_failed(&self) {
+        *self.last_error.lock() = Some(std::time::Instant::now());
     }
 
     /// Records whether the last list attempt was [`refused`].
@@ -245,7 +267,7 @@ pub async fn follow_into<K, V, S>(
                 if !mirror.listed() {
                     mirror.set_refused(refused(&error));
                 }
-                mirror.set_failing(true);
+                mirror.watch_failed();
                 failing = true;
                 continue;
             }
@@ -253,18 +275,26 @@ pub async fn follow_into<K, V, S>(
         if failing {
             tracing::info!(what = say.what, "watching again");
             failing = false;
-            mirror.set_failing(false);
         }
         mirror.set_refused(false);
+        // A (re-)list replaces everything only at its end: until then what is here is as
+        // old as the list's start, or the outage's.
+        if matches!(event, watcher::Event::Init) {
+            mirror.set_relisting(true);
+        }
         let Some(change) = relist.on(map_event(event, &kept)) else {
             continue;
         };
+        let replace = matches!(change, Change::Replace(_));
         if let Change::Replace(all) = &change {
             if !mirror.listed() {
                 (say.listed)(all);
             }
         }
         mirror.apply(change);
+        if replace {
+            mirror.set_relisting(false);
+        }
     }
 }
 
@@ -312,11 +342,18 @@ mod tests {
         assert!(!m.current(), "not listed");
         m.apply(Change::Replace(BTreeMap::from([("a".to_string(), 1)])));
         assert!(m.current());
-        m.set_failing(true);
-        assert!(!m.current(), "failing: out of date by any amount");
-        assert!(m.contains("a"), "what was seen stays");
-        m.set_failing(false);
+        m.set_relisting(true);
+        assert!(!m.current(), "re-listing: as old as the list's start");
+        m.set_relisting(false);
         assert!(m.current());
+        m.watch_failed();
+        let now = std::time::Instant::now();
+        assert!(!m.current_at(now), "failing: out of date by any amount");
+        assert!(m.contains("a"), "what was seen stays");
+        assert!(
+            m.current_at(now + QUIET_AFTER_ERROR),
+            "quiet since: watching again"
+        );
     }
 
     #[test]

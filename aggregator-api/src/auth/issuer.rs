@@ -8,7 +8,7 @@
 //! kube-apiserver publishes the keys it signs service account tokens with for exactly this
 //! use (service account issuer discovery: `/.well-known/openid-configuration` and
 //! `/openid/v1/jwks`); this module reads them through the Kubernetes API and makes the
-//! checks kube-apiserver makes of a pod-bound token, in the same order:
+//! checks kube-apiserver makes of a pod-bound token:
 //!
 //! 1. the signature, with a key of the issuer's set chosen by the token's key id, in an
 //!    asymmetric algorithm of that key's family and the key's own algorithm (never HMAC),
@@ -27,9 +27,11 @@
 //! yet, a key id not in the set, the pods not listed or their watch failing, a pod the
 //! watch has not seen yet), goes to a TokenReview as before, so kube-apiserver stays the
 //! judge of every token this module does not accept. In the replica's first
-//! [`STARTUP_WAIT`], a token that arrives before the keys or the first list of the agent
-//! pods waits for them ([`LocalVerifier::check`]): a restarted replica's agents reconnect
-//! as soon as it listens, and would otherwise all be reviewed.
+//! [`STARTUP_WAIT`], a token that arrives before the keys waits for them
+//! ([`LocalVerifier::check`]): a restarted replica's agents reconnect as soon as it
+//! listens. (The checks of the pods' state come first of all, before the signature, so a
+//! replica that does not know its pods spends no crypto on tokens it will send to a
+//! review anyway.)
 //!
 //! What it gives up against a review, stated in deploy/README.md: a pod deleted is noticed
 //! when this replica's watch sees it (a review asks kube-apiserver's own state), the service
@@ -63,15 +65,17 @@ pub const MIN_REFETCH: Duration = Duration::from_secs(10);
 pub const MAX_AGE: Duration = Duration::from_secs(600);
 /// Time allowed for one fetch of both documents.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long after the replica starts a token that cannot be checked yet (no keys, or the
-/// agent pods not listed) waits for them rather than going to a review at once: a
-/// restarted replica's agents reconnect as soon as it listens, before its first list of
-/// the agent pods is in. With [`crate::ingest::AGENT_TOKEN_REVIEW_TIMEOUT`] after it, within
-/// the agent's 10 s for the handshakes.
-pub const STARTUP_WAIT: Duration = Duration::from_secs(2);
+/// How long after the replica starts a token that arrives before the keys waits for them
+/// rather than going to a review at once: a restarted replica's agents reconnect as soon
+/// as it listens, and the keys come a few hundred milliseconds later (0.1–0.3 s at 5,000
+/// nodes). Not for the agent pods' first list, which took 23 s and more there: a token
+/// that comes before it is reviewed at once. With
+/// [`crate::ingest::AGENT_TOKEN_REVIEW_TIMEOUT`] after it, 8 s of the agent's 10 s for the
+/// handshakes.
+pub const STARTUP_WAIT: Duration = Duration::from_secs(1);
 /// How often a waiting token looks again.
 const STARTUP_POLL: Duration = Duration::from_millis(50);
-/// Clock skew allowed on `exp` and `nbf`, in seconds.
+/// Clock skew allowed on `exp`, `nbf` and `iat`, in seconds.
 pub const LEEWAY: u64 = 30;
 /// The largest discovery document or key set read.
 const MAX_DOCUMENT_BYTES: usize = 256 << 10;
@@ -261,8 +265,8 @@ impl LocalVerifier {
         self.verify_at(token, Instant::now())
     }
 
-    /// [`Self::verify`], waiting for the keys and the agent pods while the replica is
-    /// younger than [`STARTUP_WAIT`].
+    /// [`Self::verify`], waiting for the keys while the replica is younger than
+    /// [`STARTUP_WAIT`].
     ///
     /// # Errors
     ///
@@ -270,9 +274,7 @@ impl LocalVerifier {
     pub async fn check(&self, token: &str) -> Result<Verified, Deferral> {
         loop {
             match self.verify(token) {
-                Err(Deferral::NoKeys | Deferral::PodsUnknown)
-                    if self.started.elapsed() < STARTUP_WAIT =>
-                {
+                Err(Deferral::NoKeys) if self.started.elapsed() < STARTUP_WAIT => {
                     tokio::time::sleep(STARTUP_POLL).await;
                 }
                 other => return other,
@@ -285,7 +287,8 @@ impl LocalVerifier {
         if now.saturating_duration_since(keys.fetched) > MAX_AGE {
             return Err(Deferral::NoKeys);
         }
-        // Before the signature: a token waiting for the pods (`check`) costs no crypto.
+        // Before the signature (no crypto while the pods are not known), and so before the
+        // order of the module docs: a token then goes to a review, whatever it is.
         if !self.agents.current() {
             return Err(Deferral::PodsUnknown);
         }
@@ -308,7 +311,8 @@ impl LocalVerifier {
         let claims = jsonwebtoken::decode::<Claims>(token, &key, &validation)
             .map_err(|_| Deferral::Invalid)?
             .claims;
-        // Issued in the future (beyond the skew): refused, as kube-apiserver's validator does.
+        // Issued in the future (beyond the skew): kube-apiserver's validator refuses it; a
+        // review decides.
         if claims
             .iat
             .is_some_and(|iat| iat > jsonwebtoken::get_current_timestamp() + LEEWAY)
@@ -690,18 +694,26 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_young_replica_waits_for_the_pods_a_little() {
+    async fn a_young_replica_waits_for_the_keys_a_little() {
         let s = Signer::new("k1");
         let v = verifier(&s);
         let token = s.token(&claims());
-        v.agents.set_failing(true);
-        let agents = v.agents.clone();
+        v.keys.store(None);
+        let (late, jwk) = (v.clone(), s.jwk());
         let back = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            agents.set_failing(false);
+            late.set_keys(Keys {
+                issuer: ISSUER.into(),
+                set: serde_json::from_value(json!({"keys": [jwk]})).expect("set"),
+                fetched: Instant::now(),
+            });
         });
-        assert!(v.check(&token).await.is_ok(), "waited for the watch");
+        assert!(v.check(&token).await.is_ok(), "waited for the keys");
         back.await.expect("task");
+        // Not for the pods: reviewed at once.
+        v.agents.set_relisting(true);
+        assert_eq!(v.check(&token).await, Err(Deferral::PodsUnknown));
+        v.agents.set_relisting(false);
         // Past STARTUP_WAIT, no wait.
         let old = LocalVerifier {
             started: Instant::now() - STARTUP_WAIT,
@@ -721,9 +733,9 @@ mod tests {
         let s = Signer::new("k1");
         let v = verifier(&s);
         let token = s.token(&claims());
-        v.agents.set_failing(true);
+        v.agents.set_relisting(true);
         assert_eq!(v.verify(&token), Err(Deferral::PodsUnknown));
-        v.agents.set_failing(false);
+        v.agents.set_relisting(false);
         assert!(v.verify(&token).is_ok());
         let unlisted = LocalVerifier::new(
             AgentPods::new(),

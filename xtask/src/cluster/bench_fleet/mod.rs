@@ -247,6 +247,18 @@ struct Restart {
     tokenreviews: f64,
     rejected: f64,
     apiserver_cores: f64,
+    /// The restarted process's own account: its local token checks by outcome, and the
+    /// seconds from its ingest port's opening to its first list of Nodes and of the agent
+    /// pods (from its log; NaN where the log lacks the line).
+    restarted: Restarted,
+}
+
+/// What the restarted replica's process says of its start ([`Restart::restarted`]).
+#[derive(Debug, Default)]
+struct Restarted {
+    local_checks: Vec<(String, f64)>,
+    nodes_listed: f64,
+    agent_pods_listed: f64,
 }
 
 /// The control plane's counters at one moment.
@@ -642,13 +654,63 @@ impl Bench<'_> {
         };
         let after = self.sample()?;
         let secs = after.at.duration_since(before.at).as_secs_f64();
+        let restarted = self.restarted(&victim.name).unwrap_or_else(|e| {
+            println!("bench-fleet: the restarted replica's own account: {e:#}");
+            Restarted {
+                nodes_listed: f64::NAN,
+                agent_pods_listed: f64::NAN,
+                ..Restarted::default()
+            }
+        });
         Ok(Restart {
+            restarted,
             kill_to_answer: answered,
             kill_to_ready: ready,
             kill_to_agents: from_agents,
             tokenreviews: tokenreviews(&after.metrics) - tokenreviews(&before.metrics),
             rejected: rejected(&after.metrics) - rejected(&before.metrics),
             apiserver_cores: (after.apiserver_cpu - before.apiserver_cpu) / secs,
+        })
+    }
+
+    /// The restarted process of replica `name`: its local token checks by outcome (its
+    /// metrics, read inside its network namespace) and, from its log, the seconds from
+    /// "serving agents' streams" to its first Node and agent-pod lists.
+    fn restarted(&self, name: &str) -> Result<Restarted> {
+        let replica = self
+            .replicas()?
+            .into_iter()
+            .find(|r| r.name == name)
+            .with_context(|| format!("replica {name} is gone"))?;
+        let container = replica
+            .container
+            .with_context(|| format!("replica {name} has no container"))?;
+        let pid = container_pid(self.ctx, &container)?.to_string();
+        let admin = super::check::admin_identity(self.ctx)?;
+        let text = super::check::get_from_replica(&admin, &pid, "/metrics")?;
+        let prefix = "kpulse_aggregator_ingest_local_token_checks_total{outcome=\"";
+        let local_checks = text
+            .lines()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .filter_map(|rest| {
+                let (outcome, value) = rest.split_once("\"} ")?;
+                Some((outcome.to_owned(), value.trim().parse().ok()?))
+            })
+            .collect();
+        let log = self.kubectl(&["-n", NAMESPACE, "logs", name])?;
+        let at = |needle: &str| log.lines().find(|l| l.contains(needle)).and_then(log_time);
+        let since =
+            |start: Option<std::time::SystemTime>, end: Option<std::time::SystemTime>| match (
+                start, end,
+            ) {
+                (Some(s), Some(e)) => e.duration_since(s).map_or(f64::NAN, |d| d.as_secs_f64()),
+                _ => f64::NAN,
+            };
+        let serving = at("serving agents' streams");
+        Ok(Restarted {
+            local_checks,
+            nodes_listed: since(serving, at("Nodes listed")),
+            agent_pods_listed: since(serving, at("agent pods listed")),
         })
     }
 
@@ -733,6 +795,12 @@ struct Replica {
     container: Option<String>,
 }
 
+/// The time a line of the server's log begins with (tracing's RFC 3339, UTC).
+fn log_time(line: &str) -> Option<std::time::SystemTime> {
+    let stamp = line.split_whitespace().next()?;
+    humantime::parse_rfc3339_weak(stamp.trim_end_matches('Z')).ok()
+}
+
 fn tokenreviews(m: &Metrics) -> f64 {
     harness::sum(m, "apiserver_request_total", |l| {
         l.contains("resource=\"tokenreviews\"")
@@ -745,6 +813,20 @@ fn rejected(m: &Metrics) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    use super::log_time;
+
+    #[test]
+    fn times_from_the_servers_log() {
+        let a = log_time(
+            "2026-12-07T12:24:25.855636Z  INFO kpulse_aggregator_api: serving agents' streams",
+        )
+        .expect("a time");
+        let b = log_time("2026-12-07T12:24:49.003299Z  INFO kpulse_aggregator_api::agents: x")
+            .expect("a time");
+        let d = b.duration_since(a).expect("later").as_secs_f64();
+        assert!((d - 23.147663).abs() < 1e-3, "{d}");
+        assert_eq!(log_time("not a time"), None);
+    }
     use super::*;
 
     #[test]

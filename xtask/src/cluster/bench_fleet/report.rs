@@ -22,7 +22,7 @@ impl Bench<'_> {
             "### {} kwok nodes × {} pods × {} containers, {} namespaces (`cargo xtask cluster \
              bench-fleet --nodes {} --pods {} --containers {} --namespaces {} --rounds {} \
              --window-secs {} --settle-secs {} --ramp-secs {} --resolution-ms {} \
-             --agent-processes {}{}{}`, commit {})\n\n",
+             --agent-processes {}{}{}{}`, commit {})\n\n",
             shape.nodes,
             shape.pods,
             shape.containers,
@@ -42,6 +42,11 @@ impl Bench<'_> {
                 .unwrap_or_default(),
             if opts.flowschema_every_other_round {
                 " --flowschema-every-other-round"
+            } else {
+                ""
+            },
+            if opts.review_tokens_every_other_round {
+                " --review-tokens-every-other-round"
             } else {
                 ""
             },
@@ -116,18 +121,18 @@ impl Bench<'_> {
         for (i, a) in arms.iter().enumerate() {
             let r = &a.restart;
             out.push_str(&format!(
-                "| {} | {} | {} | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} \
+                "| {} | {} | {} | {:.1} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {} | {:.0} \
                  | {:.0} | {:.0} | {} / {} | {} / {} |\n",
                 i + 1,
                 if a.flowschema { "yes" } else { "no" },
                 a.verification,
                 a.start_to_ready,
-                a.start_to_agents,
+                within_limit(a.start_to_agents),
                 a.start_tokenreviews,
                 a.start_rejected,
                 r.kill_to_answer,
                 r.kill_to_ready,
-                r.kill_to_agents,
+                within_limit(r.kill_to_agents),
                 r.tokenreviews,
                 r.rejected,
                 r.apiserver_cores * 1e3,
@@ -135,6 +140,31 @@ impl Bench<'_> {
                 a.summary["unsent"],
                 a.summary["pod_watch_events"],
                 a.summary["pod_watch_errors"],
+            ));
+        }
+        out.push_str(
+            "\nThe restarted process's own account (its log: seconds from its agents' port \
+             opening to its first lists; its local token checks by outcome, all but `accepted` \
+             then reviewed):\n\n",
+        );
+        for (i, a) in arms.iter().enumerate() {
+            let r = &a.restart.restarted;
+            let checks: Vec<String> = r
+                .local_checks
+                .iter()
+                .map(|(outcome, n)| format!("{outcome} {n:.0}"))
+                .collect();
+            out.push_str(&format!(
+                "- round {}: Nodes listed after {:.1} s, agent pods after {:.1} s; local token \
+                 checks: {}\n",
+                i + 1,
+                r.nodes_listed,
+                r.agent_pods_listed,
+                if checks.is_empty() {
+                    "none counted (review mode, or its metrics unread)".to_owned()
+                } else {
+                    checks.join(", ")
+                },
             ));
         }
         out.push_str(&format!(
@@ -150,5 +180,15 @@ impl Bench<'_> {
             out.push_str(&r.row());
         }
         out
+    }
+}
+
+/// Seconds to every fleet node served from its agent, or that it did not happen within the
+/// 60 s the run waits after readiness ([`super::COMPLETE_LIMIT`]).
+fn within_limit(secs: f64) -> String {
+    if secs.is_finite() {
+        format!("{secs:.1}")
+    } else {
+        format!("not within {} s more", super::COMPLETE_LIMIT.as_secs())
     }
 }

@@ -1,5 +1,5 @@
 //! What `cluster bench-fleet` changes in the cluster and puts back: the aggregator-api
-//! Deployment (replicas, flags, memory limit), kpulse's APIServices (removed in the off
+//! Deployment (replicas, arguments, memory limit), kpulse's APIServices (removed in the off
 //! arms) and its FlowSchema (`--flowschema-every-other-round`), each kept in the cluster's
 //! state while away, so that a run killed meanwhile is undone by the next.
 
@@ -20,6 +20,10 @@ const FLOWSCHEMA: &str = "kpulse-reviews";
 /// Where, in the cluster's state, the Deployment's replicas are kept while the benchmark
 /// runs (it scales them to 0 for the off arms and while it makes the fleet).
 const REPLICAS_KEPT: &str = "bench-fleet-replicas";
+/// Where, in the cluster's state, the Deployment's container arguments are kept while the
+/// benchmark runs (it adds the fleet's per-address limit, and sets
+/// `--agent-token-verification` with `--review-tokens-every-other-round`).
+const ARGS_KEPT: &str = "bench-fleet-args.json";
 
 /// The Deployment's fields the benchmark changes, as they were, and kpulse's APIServices
 /// and FlowSchema.
@@ -97,6 +101,22 @@ impl Bench<'_> {
         }
         fs::write(&kept_replicas, replicas.to_string())
             .with_context(|| format!("cannot write {}", kept_replicas.display()))?;
+        // And the arguments: a run killed before it put them back leaves its own.
+        let kept_args = self.ctx.dirs.state.join(ARGS_KEPT);
+        let args = match fs::read_to_string(&kept_args) {
+            Ok(text) => {
+                println!(
+                    "bench-fleet: the aggregator-api's arguments as an earlier run found them, \
+                     from {}",
+                    kept_args.display()
+                );
+                serde_json::from_str(&text)
+                    .with_context(|| format!("{}: not a list of arguments", kept_args.display()))?
+            }
+            Err(_) => container["args"].clone(),
+        };
+        fs::write(&kept_args, args.to_string())
+            .with_context(|| format!("cannot write {}", kept_args.display()))?;
         // Also without the flag when an earlier run left it kept: then it may be away.
         let kept = self.ctx.dirs.state.join(FLOWSCHEMA_KEPT).exists();
         let flowschema = if self.opts.flowschema_every_other_round || kept {
@@ -107,7 +127,7 @@ impl Bench<'_> {
         Ok(Saved {
             replicas,
             on_replicas: self.opts.replicas,
-            args: container["args"].clone(),
+            args,
             memory_limit: container["resources"]["limits"]["memory"].clone(),
             apiservices,
             flowschema,
@@ -283,6 +303,9 @@ impl Bench<'_> {
             match result {
                 Ok(()) => {
                     let _ = fs::remove_file(state.join(kept));
+                    if kept == REPLICAS_KEPT {
+                        let _ = fs::remove_file(state.join(ARGS_KEPT));
+                    }
                 }
                 Err(e) => failed.push(format!("{e:#}")),
             }

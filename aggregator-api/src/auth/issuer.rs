@@ -150,6 +150,13 @@ pub struct Keys {
     pub fetched: Instant,
 }
 
+impl Keys {
+    /// Whether a fetch confirmed them within [`MAX_AGE`] of `now`.
+    fn usable_at(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.fetched) <= MAX_AGE
+    }
+}
+
 /// Why the keys could not be fetched.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
@@ -284,7 +291,7 @@ impl LocalVerifier {
 
     fn verify_at(&self, token: &str, now: Instant) -> Result<Verified, Deferral> {
         let keys = self.keys.load_full().ok_or(Deferral::NoKeys)?;
-        if now.saturating_duration_since(keys.fetched) > MAX_AGE {
+        if !keys.usable_at(now) {
             return Err(Deferral::NoKeys);
         }
         // Before the signature (no crypto while the pods are not known), and so before the
@@ -398,7 +405,7 @@ impl LocalVerifier {
                     .keys
                     .load()
                     .as_ref()
-                    .is_some_and(|k| k.fetched.elapsed() > MAX_AGE);
+                    .is_some_and(|k| !k.usable_at(Instant::now()));
                 if stale && !expired {
                     tracing::warn!(
                         "the service account issuer's keys were last read over {MAX_AGE:?} \
@@ -425,7 +432,7 @@ impl LocalVerifier {
         self.keys
             .load()
             .as_ref()
-            .is_some_and(|k| k.fetched.elapsed() <= MAX_AGE)
+            .is_some_and(|k| k.usable_at(Instant::now()))
     }
 }
 

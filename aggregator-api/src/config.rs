@@ -270,7 +270,8 @@ pub struct Config {
     /// How agents' tokens are verified. `local`: against the service account issuer's
     /// keys (read from kube-apiserver's `/openid/v1/jwks`) and the agent pods this replica
     /// watches, with a TokenReview only for a token that does not pass, so that a
-    /// restarted replica does not send one review per node at once; `review`: a
+    /// restarted replica does not send one review per node at once (its agents' port opens
+    /// once it can make these checks, at most 10 s after its start); `review`: a
     /// TokenReview for every token, as before (a deleted pod is then refused by
     /// kube-apiserver's own state, not this replica's watch, and a deleted service account's
     /// tokens at once: `local` does not watch service accounts).

@@ -100,10 +100,21 @@ pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 /// Time allowed for an agent's token review, the wait for a place among the reviews in
 /// flight included: the agent gives the TLS and HTTP/2 handshakes and the response headers
 /// 10 s together (`kpulse_agent::ship::Timeouts::handshake`), so a review that ends after 7 s
-/// leaves the handshakes 3 s, and one past that would answer an agent that has left. (In a
-/// replica's first second a token may first wait for the issuer's keys,
-/// [`crate::auth::issuer::STARTUP_WAIT`]: then 2 s.)
+/// leaves the handshakes 3 s, and one past that would answer an agent that has left.
 pub const AGENT_TOKEN_REVIEW_TIMEOUT: Duration = Duration::from_secs(7);
+/// The longest a starting replica keeps its agents' port closed waiting until it can verify
+/// their tokens itself ([`listen_when`]). A restarted replica's agents reconnect as soon as
+/// it listens, and every token that comes before the replica's first list of the agent pods
+/// goes to a TokenReview: at 5,000 nodes that list came 11.6 and 14.2 s after a restart, with
+/// thousands of handshakes beside it, some 8,700 tokens were deferred and 2,239 and 3,576
+/// reviews sent (docs/benchmarks.md). Past this the port opens whatever is missing, and
+/// tokens are reviewed until it is there. The cost: an agent refused meanwhile backs off,
+/// its cap doubling at each attempt (about 25 s after 10 s of refusals).
+pub const PORT_WAIT: Duration = Duration::from_secs(10);
+/// How often a closed agents' port looks whether it may open.
+const PORT_POLL: Duration = Duration::from_millis(50);
+/// The agents' port's queue of connections not yet accepted, as tokio's `TcpListener::bind`.
+const BACKLOG: u32 = 1024;
 /// Time allowed for the Hello to arrive.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// The shortest idle timeout ([`idle_timeout`]).
@@ -336,7 +347,7 @@ impl Identity {
             )),
             Credentials::Token(token) => {
                 if let Some(local) = &self.local {
-                    match local.check(token).await {
+                    match local.verify(token) {
                         Ok(verified) => {
                             metrics.local_token_check(None);
                             return Ok(Agent {
@@ -888,6 +899,57 @@ impl hyper::body::Body for ServerBody {
     }
 }
 
+/// The agents' port, bound but not listening: a port another socket listens on is an error
+/// at the start (one bound by another process that does not listen yet is found by
+/// [`listen_when`]'s `listen`), and agents that connect before [`listen_when`] are refused
+/// at once by the kernel (and retry with their backoff) rather than queued.
+///
+/// # Errors
+///
+/// The socket cannot be made or bound.
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    Ok(socket)
+}
+
+/// Listens on `socket` once `ready()` holds — for a replica that verifies agents' tokens
+/// itself, once it can ([`LocalVerifier::can_check`]) — or [`PORT_WAIT`] after `since`,
+/// whichever comes first; logs which.
+///
+/// # Errors
+///
+/// `listen` fails.
+pub async fn listen_when(
+    socket: tokio::net::TcpSocket,
+    ready: impl Fn() -> bool,
+    since: std::time::Instant,
+) -> std::io::Result<TcpListener> {
+    while !ready() && since.elapsed() < PORT_WAIT {
+        tokio::time::sleep(PORT_POLL).await;
+    }
+    let addr = socket.local_addr()?;
+    let listener = socket.listen(BACKLOG)?;
+    let waited = since.elapsed();
+    if ready() {
+        tracing::info!(%addr, ?waited, "serving agents' streams");
+    } else {
+        tracing::warn!(
+            %addr,
+            ?waited,
+            "serving agents' streams before this replica can verify their tokens itself (the \
+             service account issuer's keys, or the agent pods' first list, are missing): \
+             their tokens go to TokenReviews until it can"
+        );
+    }
+    Ok(listener)
+}
+
 /// Serves the ingest port until `shutdown` resolves; then ends every stream and drains.
 /// `limits` are the flags' serving limits ([`Settings::serve_limits`] applies); connections
 /// are counted in `stats`.
@@ -922,6 +984,66 @@ pub async fn serve<C: Clock + 'static>(
 
 #[cfg(test)]
 mod tests {
+    #[tokio::test]
+    async fn the_agents_port_opens_once_tokens_can_be_checked() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let socket = bind(([127, 0, 0, 1], 0).into()).expect("bound");
+        let addr = socket.local_addr().expect("address");
+        let ready = Arc::new(AtomicBool::new(false));
+        let flag = ready.clone();
+        let listening = tokio::spawn(listen_when(
+            socket,
+            move || flag.load(Ordering::SeqCst),
+            std::time::Instant::now(),
+        ));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| e.kind())
+                .err(),
+            Some(std::io::ErrorKind::ConnectionRefused),
+            "refused while it cannot check"
+        );
+        ready.store(true, Ordering::SeqCst);
+        let listener = listening.await.expect("task").expect("listening");
+        let (client, accepted) =
+            tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+        assert!(client.is_ok() && accepted.is_ok());
+    }
+
+    #[tokio::test]
+    async fn the_agents_port_opens_after_its_longest_wait_whatever_is_missing() {
+        let socket = bind(([127, 0, 0, 1], 0).into()).expect("bound");
+        let addr = socket.local_addr().expect("address");
+        // 300 ms of the wait left.
+        let since = std::time::Instant::now()
+            .checked_sub(PORT_WAIT - Duration::from_millis(300))
+            .expect("a monotonic clock past PORT_WAIT");
+        let listening = tokio::spawn(listen_when(socket, || false, since));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            tokio::net::TcpStream::connect(addr).await.is_err(),
+            "refused while it waits"
+        );
+        let listener = listening.await.expect("task").expect("listening");
+        assert!(tokio::net::TcpStream::connect(addr).await.is_ok());
+        drop(listener);
+        // A port another socket listens on is an error at the start; one only bound by
+        // another, when listening.
+        let taken = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("listener");
+        assert!(bind(taken.local_addr().expect("address")).is_err());
+        let first = bind(([127, 0, 0, 1], 0).into()).expect("bound");
+        let shared = first.local_addr().expect("address");
+        let second = bind(shared).expect("bound beside a socket not listening");
+        let _first = first.listen(8).expect("listening");
+        assert!(listen_when(second, || true, std::time::Instant::now())
+            .await
+            .is_err());
+    }
+
     #[test]
     fn streams_fit_the_open_file_limit() {
         let mut s = Settings::new(10_000, Duration::from_secs(60));

@@ -70,11 +70,12 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     tracing::info!(%addr, "serving");
+    // Bound now, listening once the replica can verify the agents' tokens itself
+    // (ingest::listen_when, below).
     let ingest_addr = cfg.ingest_address();
-    let ingest_listener = tokio::net::TcpListener::bind(ingest_addr)
-        .await
+    let ingest_socket = ingest::bind(ingest_addr)
         .with_context(|| format!("cannot listen on {ingest_addr} (--ingest-port)"))?;
-    tracing::info!(addr = %ingest_addr, "serving agents' streams");
+    let started = std::time::Instant::now();
     let (kube_config, client) = match kube_client(&cfg).await? {
         Some((config, client)) => (Some(config), Some(client)),
         None => (None, None),
@@ -114,13 +115,15 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     };
     let ingest_metrics = selfmetrics::IngestMetrics::new();
     let sessions = Sessions::new(store.clone(), metadata.clone(), ingest_metrics.clone());
+    let identity = agent_identity(
+        &cfg,
+        client.clone(),
+        expected.as_ref().map(|(_, agents)| agents.clone()),
+    )?;
+    let local_tokens = identity.local.clone();
     let agents = ingest::Ingest::new(
         sessions.clone(),
-        agent_identity(
-            &cfg,
-            client.clone(),
-            expected.as_ref().map(|(_, agents)| agents.clone()),
-        )?,
+        identity,
         ingest_settings(&cfg, open_files),
     );
     if let Some(path) = &cfg.feed_file {
@@ -289,31 +292,51 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         // An error means the sender is gone: stop as well.
         let _ = rx.wait_for(|s| *s).await;
     };
-    tokio::join!(
-        serve::serve(
-            listener,
-            server_config.clone(),
-            app,
-            cfg.serve_limits(),
-            api_connections,
-            {
-                let signal = signalled(stopped.clone());
-                async move {
-                    signal.await;
-                    // Watches never end by themselves: end them so that the drain can finish.
-                    watches.shutdown();
-                }
-            },
-        ),
+    let api_shutdown = {
+        let signal = signalled(stopped.clone());
+        async move {
+            signal.await;
+            // Watches never end by themselves: end them so that the drain can finish.
+            watches.shutdown();
+        }
+    };
+    let api = serve::serve(
+        listener,
+        server_config.clone(),
+        app,
+        cfg.serve_limits(),
+        api_connections,
+        api_shutdown,
+    );
+    let ingest_stop = signalled(stopped);
+    let ingest_limits = cfg.serve_limits();
+    let ingest = async move {
+        let can_check = || local_tokens.as_ref().is_none_or(|l| l.can_check());
+        tokio::pin!(ingest_stop);
+        let listener = tokio::select! {
+            listener = ingest::listen_when(ingest_socket, can_check, started) => listener
+                .with_context(|| format!("cannot listen on {ingest_addr} (--ingest-port)"))?,
+            () = &mut ingest_stop => return Ok(()),
+        };
         ingest::serve(
-            ingest_listener,
+            listener,
             server_config,
             agents,
-            cfg.serve_limits(),
+            ingest_limits,
             agent_connections,
-            signalled(stopped)
-        ),
-    );
+            ingest_stop,
+        )
+        .await;
+        anyhow::Ok(())
+    };
+    // A replica that cannot listen on its agents' port stops, with that error.
+    tokio::try_join!(
+        async {
+            api.await;
+            anyhow::Ok(())
+        },
+        ingest
+    )?;
     tracing::info!("stopped");
     Ok(())
 }

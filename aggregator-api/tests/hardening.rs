@@ -200,6 +200,15 @@ fn start_server_with_nofile(dir: PathBuf, args: &[String], soft: u64, hard: Opti
 fn launch(dir: PathBuf, mut cmd: Command, args: &[String], env: &[(&str, &str)]) -> Server {
     let (port, ingest_port) = (free_port(), free_port());
     let log = dir.join("server.log");
+    // The API double answers reviews but publishes no service account issuer keys and no
+    // agent pods: a server verifying agents' tokens itself would keep its agents' port
+    // closed for ingest::PORT_WAIT waiting for them. Reviews, unless a test says otherwise.
+    if !args
+        .iter()
+        .any(|a| a.starts_with("--agent-token-verification"))
+    {
+        cmd.arg("--agent-token-verification=review");
+    }
     let child = cmd
         .args(["--bind-address", "127.0.0.1", "--secure-port"])
         .arg(port.to_string())
@@ -1262,6 +1271,40 @@ async fn request_and_connection_limits_of_the_binary() {
             "a silent {proto:?} connection: closed {closed} after {took:?} (limit 10 s)"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The agents' port at the start.
+
+/// A server that verifies agents' tokens itself keeps its agents' port closed until it can
+/// (the issuer's keys and the agent pods' first list, which the API double never serves),
+/// then opens it anyway after ingest::PORT_WAIT (10 s), says so, and reviews the tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_port_waits_for_local_token_checks_then_opens_with_reviews() {
+    let dir = temp_dir("port-wait");
+    let api = ReviewApi::standard();
+    let args = strings(&[
+        "--authentication-skip-lookup",
+        "--kubeconfig",
+        api.kubeconfig(&dir).to_str().expect("utf8"),
+        "--agent-token-verification=local",
+    ]);
+    let t0 = Instant::now();
+    let s = start_server(dir, &args, &[]);
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_secs(9),
+        "the agents' port opened {took:?} after the start, before the server could check tokens"
+    );
+    let log = std::fs::read_to_string(&s.log).expect("server log");
+    assert!(
+        log.contains("serving agents' streams before this replica can verify their tokens itself"),
+        "{log}"
+    );
+    // Reviewed: the agent's token goes to the API's TokenReview.
+    let a = ingest_post(s.ingest_port, hello_frame("node-a", &BTreeMap::new())).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    assert_eq!(api.reviews("tokenreviews"), 1);
 }
 
 // ---------------------------------------------------------------------------------------

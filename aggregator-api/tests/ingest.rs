@@ -67,6 +67,9 @@ fn start(name: &str) -> Server {
         .arg(dir.join("certs"))
         .arg("--kubeconfig")
         .arg(api.kubeconfig(&dir))
+        // The double answers reviews only (no issuer keys, no agent pods): a server verifying
+        // tokens itself would keep its agents' port closed for ingest::PORT_WAIT first.
+        .arg("--agent-token-verification=review")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()

@@ -125,6 +125,8 @@ pub fn run(opts: &Options) -> Result<()> {
         .args(["--client-ca-file", &ca, "--agent-client-ca-file", &ca])
         .args(["--authorization-mode", "AlwaysAllow"])
         .arg("--authentication-skip-lookup")
+        // Standalone whatever $KUBECONFIG says: certificates only, no Kubernetes API.
+        .arg("--authentication-token-webhook=false")
         .args(["--metric-expiry", "10s"]);
     procs.spawn("aggregator-api", server, &dir.join("aggregator-api.log"))?;
     let mut agent = Command::new(bin.join("kpulse-agent"));

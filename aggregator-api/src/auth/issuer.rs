@@ -26,10 +26,12 @@
 //! Nothing here refuses a token: whatever fails a check, or cannot be checked (no keys
 //! yet, a key id not in the set, the pods not listed or their watch failing, a pod the
 //! watch has not seen yet), goes to a TokenReview as before, so kube-apiserver stays the
-//! judge of every token this module does not accept. In the replica's first
-//! [`STARTUP_WAIT`], a token that arrives before the keys waits for them
-//! ([`LocalVerifier::check`]): a restarted replica's agents reconnect as soon as it
-//! listens. (The checks of the pods' state come first of all, before the signature, so a
+//! judge of every token this module does not accept. A replica opens its agents' port only
+//! once it can make these checks ([`LocalVerifier::can_check`]: keys, and the agent pods
+//! listed), at most [`crate::ingest::PORT_WAIT`] after its start
+//! ([`crate::ingest::listen_when`]): a restarted replica's agents reconnect as soon as it
+//! listens, and before its first list of the agent pods every one of their tokens would be
+//! reviewed. (The checks of the pods' state come first of all, before the signature, so a
 //! replica that does not know its pods spends no crypto on tokens it will send to a
 //! review anyway.)
 //!
@@ -65,16 +67,6 @@ pub const MIN_REFETCH: Duration = Duration::from_secs(10);
 pub const MAX_AGE: Duration = Duration::from_secs(600);
 /// Time allowed for one fetch of both documents.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long after the replica starts a token that arrives before the keys waits for them
-/// rather than going to a review at once: a restarted replica's agents reconnect as soon
-/// as it listens, and the keys come a few hundred milliseconds later (0.1–0.3 s at 5,000
-/// nodes). Not for the agent pods' first list, which took 23 s and more there: a token
-/// that comes before it is reviewed at once. With
-/// [`crate::ingest::AGENT_TOKEN_REVIEW_TIMEOUT`] after it, 8 s of the agent's 10 s for the
-/// handshakes.
-pub const STARTUP_WAIT: Duration = Duration::from_secs(1);
-/// How often a waiting token looks again.
-const STARTUP_POLL: Duration = Duration::from_millis(50);
 /// Clock skew allowed on `exp`, `nbf` and `iat`, in seconds.
 pub const LEEWAY: u64 = 30;
 /// The largest discovery document or key set read.
@@ -220,8 +212,6 @@ struct Discovery {
 
 /// The checks of the module docs.
 pub struct LocalVerifier {
-    /// When it was made (the replica's start): [`STARTUP_WAIT`] counts from here.
-    started: Instant,
     keys: ArcSwapOption<Keys>,
     /// Asks the fetch loop for a fetch now (an unknown key id).
     refetch: tokio::sync::Notify,
@@ -248,7 +238,6 @@ impl LocalVerifier {
     /// `namespace`), with no keys until [`Self::set_keys`] or [`Self::follow`].
     pub fn new(agents: Arc<AgentPods>, namespace: String, audiences: Vec<String>) -> Arc<Self> {
         Arc::new(LocalVerifier {
-            started: Instant::now(),
             keys: ArcSwapOption::empty(),
             refetch: tokio::sync::Notify::new(),
             agents,
@@ -272,21 +261,15 @@ impl LocalVerifier {
         self.verify_at(token, Instant::now())
     }
 
-    /// [`Self::verify`], waiting for the keys while the replica is younger than
-    /// [`STARTUP_WAIT`].
-    ///
-    /// # Errors
-    ///
-    /// As [`Self::verify`].
-    pub async fn check(&self, token: &str) -> Result<Verified, Deferral> {
-        loop {
-            match self.verify(token) {
-                Err(Deferral::NoKeys) if self.started.elapsed() < STARTUP_WAIT => {
-                    tokio::time::sleep(STARTUP_POLL).await;
-                }
-                other => return other,
-            }
-        }
+    /// Whether a token can be checked now: keys a fetch confirmed within [`MAX_AGE`], and
+    /// the agent pods listed and watched ([`AgentPods::current`]). Until then every token
+    /// is deferred to a review.
+    pub fn can_check(&self) -> bool {
+        self.keys
+            .load()
+            .as_ref()
+            .is_some_and(|k| k.usable_at(Instant::now()))
+            && self.agents.current()
     }
 
     fn verify_at(&self, token: &str, now: Instant) -> Result<Verified, Deferral> {
@@ -700,39 +683,25 @@ mod tests {
         assert_eq!(v.verify(&s.token(&older)), Err(Deferral::NotAnAgentPod));
     }
 
-    #[tokio::test]
-    async fn a_young_replica_waits_for_the_keys_a_little() {
+    #[test]
+    fn checks_can_be_made_with_fresh_keys_and_the_pods_watched() {
         let s = Signer::new("k1");
         let v = verifier(&s);
-        let token = s.token(&claims());
-        v.keys.store(None);
-        let (late, jwk) = (v.clone(), s.jwk());
-        let back = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            late.set_keys(Keys {
-                issuer: ISSUER.into(),
-                set: serde_json::from_value(json!({"keys": [jwk]})).expect("set"),
-                fetched: Instant::now(),
-            });
-        });
-        assert!(v.check(&token).await.is_ok(), "waited for the keys");
-        back.await.expect("task");
-        // Not for the pods: reviewed at once.
+        assert!(v.can_check());
         v.agents.set_relisting(true);
-        assert_eq!(v.check(&token).await, Err(Deferral::PodsUnknown));
+        assert!(!v.can_check(), "pods re-listed");
         v.agents.set_relisting(false);
-        // Past STARTUP_WAIT, no wait.
-        let old = LocalVerifier {
-            started: Instant::now() - STARTUP_WAIT,
-            keys: ArcSwapOption::empty(),
-            refetch: tokio::sync::Notify::new(),
-            agents: AgentPods::new(),
-            namespace: "kpulse-system".into(),
-            audiences: vec!["kpulse".into()],
-        };
-        let t0 = Instant::now();
-        assert_eq!(old.check(&token).await, Err(Deferral::NoKeys));
-        assert!(t0.elapsed() < STARTUP_WAIT);
+        assert!(v.can_check());
+        v.keys.store(None);
+        assert!(!v.can_check(), "no keys");
+        v.set_keys(Keys {
+            issuer: ISSUER.into(),
+            set: serde_json::from_value(json!({"keys": [s.jwk()]})).expect("set"),
+            fetched: Instant::now()
+                .checked_sub(MAX_AGE + Duration::from_secs(1))
+                .expect("a monotonic clock past MAX_AGE"),
+        });
+        assert!(!v.can_check(), "keys too old");
     }
 
     #[test]
@@ -755,6 +724,10 @@ mod tests {
             fetched: Instant::now(),
         });
         assert_eq!(unlisted.verify(&token), Err(Deferral::PodsUnknown));
+        assert!(
+            !unlisted.can_check(),
+            "pods never listed: the agents' port stays closed"
+        );
     }
 
     #[test]

@@ -248,8 +248,8 @@ struct Restart {
     rejected: f64,
     apiserver_cores: f64,
     /// The restarted process's own account: its local token checks by outcome, and the
-    /// seconds from its ingest port's opening to its first list of Nodes and of the agent
-    /// pods (from its log; NaN where the log lacks the line).
+    /// seconds from its first log line to its first list of Nodes, of the agent pods, and
+    /// to its agents' port's opening (from its log; NaN where the log lacks the line).
     restarted: Restarted,
 }
 
@@ -259,6 +259,7 @@ struct Restarted {
     local_checks: Vec<(String, f64)>,
     nodes_listed: f64,
     agent_pods_listed: f64,
+    port_opened: f64,
 }
 
 /// The control plane's counters at one moment.
@@ -659,6 +660,7 @@ impl Bench<'_> {
             Restarted {
                 nodes_listed: f64::NAN,
                 agent_pods_listed: f64::NAN,
+                port_opened: f64::NAN,
                 ..Restarted::default()
             }
         });
@@ -674,8 +676,8 @@ impl Bench<'_> {
     }
 
     /// The restarted process of replica `name`: its local token checks by outcome (its
-    /// metrics, read inside its network namespace) and, from its log, the seconds from
-    /// "serving agents' streams" to its first Node and agent-pod lists.
+    /// metrics, read inside its network namespace) and, from its log, the seconds from its
+    /// first line to its first Node and agent-pod lists and to "serving agents' streams".
     fn restarted(&self, name: &str) -> Result<Restarted> {
         let replica = self
             .replicas()?
@@ -706,11 +708,12 @@ impl Bench<'_> {
                 (Some(s), Some(e)) => e.duration_since(s).map_or(f64::NAN, |d| d.as_secs_f64()),
                 _ => f64::NAN,
             };
-        let serving = at("serving agents' streams");
+        let first = log.lines().find_map(log_time);
         Ok(Restarted {
             local_checks,
-            nodes_listed: since(serving, at("Nodes listed")),
-            agent_pods_listed: since(serving, at("agent pods listed")),
+            nodes_listed: since(first, at("Nodes listed")),
+            agent_pods_listed: since(first, at("agent pods listed")),
+            port_opened: since(first, at("serving agents' streams")),
         })
     }
 

@@ -15,9 +15,16 @@ impl Bench<'_> {
     ) -> String {
         let opts = self.opts;
         let shape = &opts.shape;
-        let commit =
-            crate::exec::output(Command::new("git").args(["rev-parse", "--short", "HEAD"]))
-                .unwrap_or_default();
+        // The commit, `-dirty` when the tree has changes to tracked files not committed
+        // (at report time: the images were built from the tree at the run's start).
+        let commit = crate::exec::output(Command::new("git").args([
+            "describe",
+            "--always",
+            "--dirty",
+            "--abbrev=7",
+            "--exclude=*",
+        ]))
+        .unwrap_or_default();
         let mut out = format!(
             "### {} kwok nodes × {} pods × {} containers, {} namespaces (`cargo xtask cluster \
              bench-fleet --nodes {} --pods {} --containers {} --namespaces {} --rounds {} \
@@ -143,9 +150,9 @@ impl Bench<'_> {
             ));
         }
         out.push_str(
-            "\nThe restarted process's own account (its log: seconds from its agents' port \
-             opening to its first lists; its local token checks by outcome, all but `accepted` \
-             then reviewed):\n\n",
+            "\nThe restarted process's own account (its log: seconds from its first line to its \
+             first lists and to its agents' port opening; its local token checks by outcome, \
+             all but `accepted` then reviewed):\n\n",
         );
         for (i, a) in arms.iter().enumerate() {
             let r = &a.restart.restarted;
@@ -155,11 +162,12 @@ impl Bench<'_> {
                 .map(|(outcome, n)| format!("{outcome} {n:.0}"))
                 .collect();
             out.push_str(&format!(
-                "- round {}: Nodes listed after {:.1} s, agent pods after {:.1} s; local token \
-                 checks: {}\n",
+                "- round {}: Nodes listed after {:.1} s, agent pods after {:.1} s, agents' port \
+                 open after {:.1} s; local token checks: {}\n",
                 i + 1,
                 r.nodes_listed,
                 r.agent_pods_listed,
+                r.port_opened,
                 if checks.is_empty() {
                     "none counted (review mode, or its metrics unread)".to_owned()
                 } else {

@@ -276,6 +276,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     // One signal, two servers.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let delay = cfg.shutdown_delay_duration;
+    let closing = terminating.clone();
     tokio::spawn(async move {
         shutdown.await;
         terminating.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -317,6 +318,13 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             listener = ingest::listen_when(ingest_socket, can_check, started) => listener
                 .with_context(|| format!("cannot listen on {ingest_addr} (--ingest-port)"))?,
             () = &mut ingest_stop => return Ok(()),
+            // A replica terminating before its agents' port opened never opens it (during
+            // --shutdown-delay-duration it still serves the API, not new streams).
+            () = async {
+                while !closing.load(std::sync::atomic::Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            } => return Ok(()),
         };
         ingest::serve(
             listener,

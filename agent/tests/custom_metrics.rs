@@ -290,6 +290,8 @@ fn run() {
             .arg(&ca)
             .args(["--authorization-mode", "AlwaysAllow"])
             .arg("--authentication-skip-lookup")
+            // Certificates only, whatever $KUBECONFIG says: no Kubernetes API.
+            .arg("--authentication-token-webhook=false")
             .args(["--metric-expiry", "10s", "--custom-metrics"])
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

@@ -313,13 +313,12 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let ingest_limits = cfg.serve_limits();
     let ingest = async move {
         let can_check = || local_tokens.as_ref().is_none_or(|l| l.can_check());
-        tokio::pin!(ingest_stop);
         let listener = tokio::select! {
             listener = ingest::listen_when(ingest_socket, can_check, started) => listener
                 .with_context(|| format!("cannot listen on {ingest_addr} (--ingest-port)"))?,
-            () = &mut ingest_stop => return Ok(()),
             // A replica terminating before its agents' port opened never opens it (during
-            // --shutdown-delay-duration it still serves the API, not new streams).
+            // --shutdown-delay-duration it still serves the API, not new streams; the stop
+            // signal comes after `closing`, so this also covers it).
             () = async {
                 while !closing.load(std::sync::atomic::Ordering::Relaxed) {
                     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -265,11 +265,7 @@ impl LocalVerifier {
     /// the agent pods listed and watched ([`AgentPods::current`]). Until then every token
     /// is deferred to a review.
     pub fn can_check(&self) -> bool {
-        self.keys
-            .load()
-            .as_ref()
-            .is_some_and(|k| k.usable_at(Instant::now()))
-            && self.agents.current()
+        self.has_usable_keys() && self.agents.current()
     }
 
     fn verify_at(&self, token: &str, now: Instant) -> Result<Verified, Deferral> {

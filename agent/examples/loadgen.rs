@@ -81,6 +81,9 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 const DRAIN_QUIET: Duration = Duration::from_millis(500);
 /// Longest wait for a node's streams to end cleanly.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Every second, at INFO, this and a JSON object of the agents' counts so far: streams up,
+/// reconnects, stream errors by reason.
+const COUNTS_LINE: &str = "loadgen counts";
 /// The CN of `client.crt` (a user of the API, for readers and /metrics scrapes).
 const READER_USER: &str = "kpulse-loadgen-reader";
 
@@ -698,12 +701,28 @@ async fn agents(args: &Args, ca: &Ca, stop: watch::Receiver<bool>) -> Result<()>
         args.server
     );
     let report = async {
-        loop {
-            tokio::time::sleep(Duration::from_secs(5)).await;
+        for second in 1u64.. {
+            tokio::time::sleep(Duration::from_secs(1)).await;
             let up: i64 = all_metrics.iter().map(|m| m.streams_up()).sum();
-            eprintln!(
-                "loadgen: streams up {up}, ticks produced {}",
-                produced_total.load(Ordering::Relaxed)
+            let produced = produced_total.load(Ordering::Relaxed);
+            if second % 5 == 0 {
+                eprintln!("loadgen: streams up {up}, ticks produced {produced}");
+            }
+            // The counts so far, timestamped by the log line: a benchmark takes the
+            // difference between two lines (`cargo xtask bench-restart`: one restart's).
+            let mut errors: BTreeMap<&'static str, u64> = BTreeMap::new();
+            let mut reconnects = 0;
+            for m in &all_metrics {
+                for r in &replicas {
+                    reconnects += m.reconnects(r);
+                    for (reason, n) in m.stream_errors(r) {
+                        *errors.entry(reason).or_default() += n;
+                    }
+                }
+            }
+            tracing::info!(
+                "{COUNTS_LINE} {}",
+                json!({"streams_up": up, "reconnects": reconnects, "stream_errors": errors})
             );
         }
     };

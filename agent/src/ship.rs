@@ -54,8 +54,9 @@
 //!   it against what *it* last sent, so the next Update carries every upsert and removal
 //!   that happened meanwhile.
 //! - **Reconnects**: jittered exponential backoff ([`Backoff`]: 200 ms doubling to 30 s,
-//!   full jitter, reset once a stream stayed up 60 s); a new stream starts with a new
-//!   Snapshot. A stream whose body cannot be written for [`Timeouts::stall`] is abandoned.
+//!   full jitter, reset once a stream stayed up 60 s; a refused connection — nothing
+//!   listening, as while a replica restarts — only up to 2 s, so the agents are back soon
+//!   after a restarted replica listens); a new stream starts with a new Snapshot. A stream whose body cannot be written for [`Timeouts::stall`] is abandoned.
 //! - **Logs**: state changes only. A refusal (identity, version) or an `Error` frame is
 //!   one ERROR line; the same failure again is logged at DEBUG until something changes.
 
@@ -141,12 +142,21 @@ impl std::fmt::Debug for Credentials {
 }
 
 /// Reconnect delays: full jitter over an exponentially growing cap.
+///
+/// Two counts grow the cap: failures that cost the replica something (a handshake, a
+/// refusal, a stream cut), up to [`Backoff::max`]; and connections refused in a row (nothing
+/// listens on the replica's port: the kernel's reset, which costs the replica nothing),
+/// only up to [`Backoff::refused_max`]. A replica that restarts is refused to its agents
+/// while it is down, however long; once it listens, each of them is back within about
+/// `refused_max`, not after a cap that doubled all the while. See [`Retry`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
     /// The first cap.
     pub initial: Duration,
     /// The largest cap.
     pub max: Duration,
+    /// The largest cap after connections refused in a row.
+    pub refused_max: Duration,
     /// A stream that stayed up this long resets the cap to `initial`.
     pub reset_after: Duration,
 }
@@ -156,6 +166,8 @@ impl Default for Backoff {
         Backoff {
             initial: Duration::from_millis(200),
             max: Duration::from_secs(30),
+            // On average one SYN a second from each agent to a replica that is down.
+            refused_max: Duration::from_secs(2),
             reset_after: Duration::from_secs(60),
         }
     }
@@ -170,8 +182,44 @@ impl Backoff {
 
     /// A delay uniformly drawn from `[0, cap(failures)]`.
     pub fn delay(&self, failures: u32, rng: &mut fastrand::Rng) -> Duration {
-        let cap = u64::try_from(self.cap(failures).as_nanos()).unwrap_or(u64::MAX);
-        Duration::from_nanos(rng.u64(0..=cap))
+        jitter(self.cap(failures), rng)
+    }
+}
+
+/// A delay uniformly drawn from `[0, cap]`.
+fn jitter(cap: Duration, rng: &mut fastrand::Rng) -> Duration {
+    let cap = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(rng.u64(0..=cap))
+}
+
+/// One replica's reconnect state: what [`Backoff`] counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retry {
+    /// Failures in a row, refused connections not counted.
+    pub failures: u32,
+    /// Connections refused in a row.
+    pub refusals: u32,
+}
+
+impl Retry {
+    /// The delay before the next attempt after an attempt that failed; `refused`: its
+    /// connection was refused (nothing listening), else it failed or ended otherwise.
+    pub fn after(&mut self, refused: bool, backoff: &Backoff, rng: &mut fastrand::Rng) -> Duration {
+        if refused {
+            let cap = backoff.cap(self.refusals).min(backoff.refused_max);
+            self.refusals = self.refusals.saturating_add(1);
+            jitter(cap, rng)
+        } else {
+            let delay = backoff.delay(self.failures, rng);
+            self.failures = self.failures.saturating_add(1);
+            self.refusals = 0;
+            delay
+        }
+    }
+
+    /// A stream that stayed up [`Backoff::reset_after`]: the next failure starts over.
+    pub fn reset(&mut self) {
+        *self = Retry::default();
     }
 }
 
@@ -691,6 +739,68 @@ mod tests {
             mean > Duration::from_millis(700) && mean < Duration::from_millis(900),
             "full jitter averages half the cap: {mean:?}"
         );
+    }
+
+    #[test]
+    fn refused_connections_back_off_to_their_own_cap_and_keep_the_others_count() {
+        let b = Backoff::default();
+        let mut rng = fastrand::Rng::with_seed(11);
+        let mut retry = Retry::default();
+        // The stream cut by the replica's end: an ordinary failure.
+        assert!(retry.after(false, &b, &mut rng) <= Duration::from_millis(200));
+        // Then refused, a hundred times in a row (the replica down for minutes): the cap
+        // stops at refused_max, and the failures' count does not grow.
+        let delays: Vec<Duration> = (0..100).map(|_| retry.after(true, &b, &mut rng)).collect();
+        assert!(delays.iter().all(|d| *d <= b.refused_max), "{delays:?}");
+        assert!(delays[..4]
+            .iter()
+            .all(|d| *d <= Duration::from_millis(1_600)));
+        let late = &delays[50..];
+        let mean = late.iter().sum::<Duration>() / late.len() as u32;
+        assert!(
+            mean > Duration::from_millis(700) && mean < Duration::from_millis(1_300),
+            "full jitter over refused_max: {mean:?}"
+        );
+        assert_eq!(
+            retry,
+            Retry {
+                failures: 1,
+                refusals: 100
+            }
+        );
+        // The replica listens again but fails the handshake: the ordinary count goes on
+        // from where it was (second failure: cap 400 ms), and refusals start over.
+        assert!(retry.after(false, &b, &mut rng) <= Duration::from_millis(400));
+        assert_eq!(
+            retry,
+            Retry {
+                failures: 2,
+                refusals: 0
+            }
+        );
+        assert!(retry.after(true, &b, &mut rng) <= Duration::from_millis(200));
+        retry.reset();
+        assert_eq!(retry, Retry::default());
+    }
+
+    #[tokio::test]
+    async fn a_port_nobody_listens_on_is_a_refused_connection() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        drop(listener);
+        let source = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect_err("nothing listens");
+        let e = StreamError::Connect { addr, source };
+        assert!(e.is_connection_refused());
+        assert!(!StreamError::Timeout { what: "connecting" }.is_connection_refused());
+        let other = StreamError::Connect {
+            addr,
+            source: std::io::Error::from(std::io::ErrorKind::HostUnreachable),
+        };
+        assert!(!other.is_connection_refused());
     }
 
     #[test]

@@ -304,6 +304,7 @@ impl Running {
             nice: true,
             log_filter: None,
             custom_metrics: shape.signals,
+            node_prefix: None,
         }
         .start(
             &bins.loadgen,

@@ -11,13 +11,22 @@
 //! first HTTP answer, and the answer that showed everything complete again. Prints a
 //! Markdown table (each restart, p50, max) against the 3 s target.
 //!
-//! The agents' reconnect backoff (`kpulse_agent::ship::Backoff`) grows while a server is
-//! down and is reset by a stream that stays up 60 s: with `--interval` under that, each
-//! restart starts where the last one left the backoff.
+//! `--down` keeps the server down that long after each kill, as a cluster's replica is while
+//! the kubelet restarts its container and until the new process listens: the agents'
+//! reconnect backoff (`kpulse_agent::ship::Backoff`) grows meanwhile. Each restart also
+//! reports the stream errors this build's agents counted during it, by reason (the load
+//! generator's `loadgen counts` lines).
+//!
+//! `--against-loadgen BINARY` compares two builds of the agents' shipping code within the
+//! same restarts: half the agents run on this build's load generator, half on `BINARY`
+//! (node names `against-…`), both streaming at once; each restart gives each build's
+//! reconnect times. The reader knows one fleet, so it does not run: such a restart is
+//! complete when every agent's stream is back.
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
-    path::Path,
+    path::{Path, PathBuf},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -26,7 +35,10 @@ use serde_json::Value;
 
 use crate::{
     demo::parse_duration,
-    harness::{self, read_summary, Agents, Binaries, Fleet, Pki, Server, ServerAuth, Stop, Waiter},
+    harness::{
+        self, read_summary, Agents, Binaries, Fleet, Pki, Proc, Server, ServerAuth, Stop, Waiter,
+    },
+    stats,
 };
 
 /// The issue's target: complete again within this after the new process starts.
@@ -44,6 +56,15 @@ pub struct Options {
     /// Time from the data being complete again to the next kill.
     #[arg(long, value_parser = parse_duration, default_value = "65s")]
     interval: Duration,
+    /// How long the server stays down after each kill before it is started again (0: at
+    /// once). In a cluster a replica is down while the kubelet restarts its container and
+    /// until the new process listens.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    down: Duration,
+    /// Another build's load generator (an earlier commit's `target/release/examples/loadgen`):
+    /// half the agents run on it, half on this build's, through the same restarts.
+    #[arg(long)]
+    against_loadgen: Option<PathBuf>,
     /// Give up on a restart after this many seconds.
     #[arg(long, default_value_t = 60)]
     timeout_secs: u64,
@@ -63,10 +84,23 @@ struct Restart {
     /// The complete PodMetrics list: asked for, and arrived (every node and pod served
     /// again at the latest then).
     asked: Option<f64>,
+    /// The reader's complete list; with `--against-loadgen`, the last stream back.
     complete: f64,
     polls: u64,
-    /// When the agents' streams were accepted again (seconds after the start), sorted.
-    streams_back: Vec<f64>,
+    /// When the agents' streams were accepted again (seconds after the start), sorted: this
+    /// build's agents, then (with `--against-loadgen`) the other build's.
+    streams_back: Vec<Vec<f64>>,
+    /// This build's agents' stream errors during the restart, by reason.
+    errors: BTreeMap<String, u64>,
+}
+
+/// The other build's agents' node names start with this.
+const AGAINST_PREFIX: &str = "against-";
+
+/// One load generator of the run: its process, its agents' count.
+struct Group {
+    proc: Proc,
+    nodes: usize,
 }
 
 /// Runs the measurement.
@@ -143,6 +177,54 @@ fn ns_field(v: &Value, key: &str) -> Option<u128> {
     v[key].as_str()?.parse().ok()
 }
 
+/// The `loadgen counts` lines of `log` (the load generator's counts so far, every second):
+/// each line's time and its JSON object.
+fn counts_lines(log: &Path) -> Result<Vec<(u128, Value)>> {
+    const MARK: &str = "loadgen counts ";
+    let text =
+        std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let at = parse_utc(l.split_whitespace().next()?)?;
+            let json = &l[l.find(MARK)? + MARK.len()..];
+            Some((at, serde_json::from_str(json).ok()?))
+        })
+        .collect())
+}
+
+/// The stream errors by reason counted between the last counts line at or before `from`
+/// and the last one of the log.
+fn errors_since(log: &Path, from: SystemTime) -> Result<BTreeMap<String, u64>> {
+    let lines = counts_lines(log)?;
+    let from = unix_ns(from);
+    let count = |v: &Value| -> BTreeMap<String, u64> {
+        v["stream_errors"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, n)| Some((k.clone(), n.as_u64()?)))
+            .collect()
+    };
+    let before = lines
+        .iter()
+        .rev()
+        .find(|(at, _)| *at <= from)
+        .map(|(_, v)| count(v))
+        .unwrap_or_default();
+    let Some((_, last)) = lines.last() else {
+        return Ok(BTreeMap::new());
+    };
+    Ok(count(last)
+        .into_iter()
+        .map(|(k, n)| {
+            let d = n.saturating_sub(before.get(&k).copied().unwrap_or(0));
+            (k, d)
+        })
+        .filter(|(_, d)| *d > 0)
+        .collect())
+}
+
 fn measure(
     opts: &Options,
     dir: &Path,
@@ -154,7 +236,15 @@ fn measure(
     let mut server_proc = server.start(&bins.server, &dir.join("server-0.log"))?;
     server.wait_answering(&mut server_proc, Duration::from_secs(30), stop)?;
     let servers = [server.ingest()];
+    let against = opts.against_loadgen.as_deref();
+    // With --against-loadgen, this build's agents are the first half.
+    let ours = if against.is_some() {
+        opts.fleet.agents.div_ceil(2)
+    } else {
+        opts.fleet.agents
+    };
     let agents = Agents {
+        nodes: ours,
         // Every stream accepted again is an INFO line with its time: the reconnects' spread.
         log_filter: Some("info"),
         custom_metrics: false,
@@ -162,34 +252,66 @@ fn measure(
         ..opts.fleet.agents(&servers, false)
     };
     let agents_out = dir.join("loadgen.out");
-    let mut loadgen = agents.start(&bins.loadgen, &pki, &dir.join("loadgen.log"), &agents_out)?;
+    let mut groups = vec![Group {
+        proc: agents.start(&bins.loadgen, &pki, &dir.join("loadgen.log"), &agents_out)?,
+        nodes: ours,
+    }];
+    if let Some(bin) = against {
+        ensure!(
+            bin.is_file(),
+            "--against-loadgen {}: no such file",
+            bin.display()
+        );
+        let theirs = opts.fleet.agents - ours;
+        let other = Agents {
+            nodes: theirs,
+            node_prefix: Some(AGAINST_PREFIX),
+            ..agents
+        };
+        groups.push(Group {
+            proc: other.start(
+                bin,
+                &pki,
+                &dir.join("loadgen-against.log"),
+                &dir.join("loadgen-against.out"),
+            )?,
+            nodes: theirs,
+        });
+    }
     eprintln!(
-        "bench-restart: {} agents × {} pods × {} containers; {} restarts, {} s apart",
+        "bench-restart: {} agents × {} pods × {} containers{}; {} restarts, {} s apart, the \
+         server down {} s each",
         opts.fleet.agents,
         opts.fleet.pods,
         opts.fleet.containers,
+        against.map_or(String::new(), |b| format!(
+            " ({ours} on this build, the rest on {})",
+            b.display()
+        )),
         opts.restarts,
-        opts.interval.as_secs()
+        opts.interval.as_secs(),
+        opts.down.as_secs_f64()
     );
-    // Everything served once, before the first restart.
-    Waiter::start(
-        bins,
-        &pki,
-        &server,
-        &agents,
-        dir,
-        "0",
-        opts.fleet.ramp_secs + 120,
-    )?
-    .finish(stop)
-    .context("the agents' data was never complete before the restarts")?;
-    eprintln!("bench-restart: every node and pod served");
+    // Everything served (or with two builds, every stream up) once, before the first
+    // restart.
+    let first_limit = opts.fleet.ramp_secs + 120;
+    if against.is_some() {
+        wait_streams(&server, opts.fleet.agents, first_limit, stop)
+    } else {
+        Waiter::start(bins, &pki, &server, &agents, dir, "0", first_limit)?
+            .finish(stop)
+            .map(drop)
+    }
+    .context("the agents were never all served before the restarts")?;
+    eprintln!("bench-restart: every agent served");
 
     let mut restarts = Vec::new();
     for n in 1..=opts.restarts {
         let until = Instant::now() + opts.interval;
         while Instant::now() < until {
-            loadgen.check_running()?;
+            for g in &mut groups {
+                g.proc.check_running()?;
+            }
             server_proc.check_running()?;
             stop.sleep(
                 until
@@ -197,51 +319,136 @@ fn measure(
                     .min(Duration::from_secs(1)),
             )?;
         }
+        let killed = SystemTime::now();
         server_proc.kill()?;
-        let waiter = Waiter::start(
-            bins,
-            &pki,
-            &server,
-            &agents,
-            dir,
-            &n.to_string(),
-            opts.timeout_secs,
-        )?;
+        stop.sleep(opts.down)?;
+        let waiter = match against {
+            Some(_) => None,
+            None => Some(Waiter::start(
+                bins,
+                &pki,
+                &server,
+                &agents,
+                dir,
+                &n.to_string(),
+                opts.timeout_secs,
+            )?),
+        };
         let spawned = SystemTime::now();
         server_proc = server.start(&bins.server, &dir.join(format!("server-{n}.log")))?;
-        let v = waiter
-            .finish(stop)
-            .with_context(|| format!("restart {n}"))?;
-        let since =
-            |key: &str| ns_field(&v, key).map(|t| t.saturating_sub(unix_ns(spawned)) as f64 / 1e9);
-        let r = Restart {
-            first_answer: since("first_answer_unix_ns"),
-            nodes: since("nodes_complete_unix_ns"),
-            asked: since("complete_request_unix_ns"),
-            complete: since("complete_unix_ns").context("no complete_unix_ns")?,
-            polls: v["polls"].as_u64().unwrap_or(0),
-            streams_back: event_times(&loadgen.log, STREAM_ACCEPTED, spawned)?,
+        let since = |t: u128| t.saturating_sub(unix_ns(spawned)) as f64 / 1e9;
+        let mut r = match waiter {
+            Some(waiter) => {
+                let v = waiter
+                    .finish(stop)
+                    .with_context(|| format!("restart {n}"))?;
+                let at = |key: &str| ns_field(&v, key).map(since);
+                Restart {
+                    first_answer: at("first_answer_unix_ns"),
+                    nodes: at("nodes_complete_unix_ns"),
+                    asked: at("complete_request_unix_ns"),
+                    complete: at("complete_unix_ns").context("no complete_unix_ns")?,
+                    polls: v["polls"].as_u64().unwrap_or(0),
+                    streams_back: Vec::new(),
+                    errors: BTreeMap::new(),
+                }
+            }
+            None => {
+                let deadline = Instant::now() + Duration::from_secs(opts.timeout_secs);
+                loop {
+                    let back = groups
+                        .iter()
+                        .map(|g| Ok(event_times(&g.proc.log, STREAM_ACCEPTED, spawned)?.len()))
+                        .collect::<Result<Vec<usize>>>()?;
+                    if back.iter().zip(&groups).all(|(b, g)| *b >= g.nodes) {
+                        break;
+                    }
+                    ensure!(
+                        Instant::now() < deadline,
+                        "restart {n}: streams back {back:?} of {:?} after {} s",
+                        groups.iter().map(|g| g.nodes).collect::<Vec<_>>(),
+                        opts.timeout_secs
+                    );
+                    server_proc.check_running()?;
+                    stop.sleep(Duration::from_millis(100))?;
+                }
+                Restart {
+                    first_answer: None,
+                    nodes: None,
+                    asked: None,
+                    complete: 0.0,
+                    polls: 0,
+                    streams_back: Vec::new(),
+                    errors: BTreeMap::new(),
+                }
+            }
         };
+        // The counts line after the restart is at most a second away.
+        stop.sleep(Duration::from_millis(1_500))?;
+        r.errors = errors_since(&groups[0].proc.log, killed)?;
+        for g in &groups {
+            r.streams_back
+                .push(event_times(&g.proc.log, STREAM_ACCEPTED, spawned)?);
+        }
+        if against.is_some() {
+            r.complete = r
+                .streams_back
+                .iter()
+                .filter_map(|t| t.last().copied())
+                .fold(0.0, f64::max);
+        }
         eprintln!(
-            "bench-restart: restart {n}: first answer {}, {} streams accepted again (p50 {}, \
-             last {}), every node served {}, every pod {:.2} s after the start",
+            "bench-restart: restart {n}: first answer {}, streams accepted again {}, every node \
+             served {}, complete {:.2} s after the start; errors during it {:?}",
             secs(r.first_answer),
-            r.streams_back.len(),
-            secs(nearest_rank(&r.streams_back, 0.5)),
-            secs(r.streams_back.last().copied()),
+            r.streams_back
+                .iter()
+                .map(|t| format!(
+                    "{} (p50 {}, last {})",
+                    t.len(),
+                    secs(nearest_rank(t, 0.5)),
+                    secs(t.last().copied())
+                ))
+                .collect::<Vec<_>>()
+                .join(" / "),
             secs(r.nodes),
-            r.complete
+            r.complete,
+            r.errors
         );
         restarts.push(r);
     }
-    loadgen.signal("TERM")?;
-    ensure!(
-        loadgen.wait_for(Duration::from_secs(60))?.is_some(),
-        "the load generator did not stop within 60 s"
-    );
+    for g in &mut groups {
+        g.proc.signal("TERM")?;
+    }
+    for g in &mut groups {
+        ensure!(
+            g.proc.wait_for(Duration::from_secs(60))?.is_some(),
+            "{} did not stop within 60 s",
+            g.proc.name
+        );
+    }
     let summary = read_summary(&agents_out)?;
     server_proc.stop(Duration::from_secs(10))?;
     Ok((restarts, summary))
+}
+
+/// Waits until the server holds `count` agents' streams.
+fn wait_streams(server: &Server, count: usize, limit_secs: u64, stop: &Stop) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(limit_secs);
+    loop {
+        let up = server
+            .scrape()
+            .map(|m| harness::sum(&m, "kpulse_aggregator_ingest_streams", |_| true))
+            .unwrap_or(0.0);
+        if up >= count as f64 {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{up} of {count} streams up after {limit_secs} s"
+        );
+        stop.sleep(Duration::from_millis(500))?;
+    }
 }
 
 /// The `q`-quantile (nearest rank) of `values`.
@@ -262,33 +469,57 @@ fn report(opts: &Options, restarts: &[Restart], agents: &Value) -> String {
     let _ = writeln!(
         md,
         "```sh\ncargo xtask bench-restart --agents {} --pods {} --containers {} --restarts {} \
-         --interval {}s\n```\n",
+         --interval {}s --down {}ms{}\n```\n",
         opts.fleet.agents,
         opts.fleet.pods,
         opts.fleet.containers,
         opts.restarts,
-        opts.interval.as_secs()
+        opts.interval.as_secs(),
+        opts.down.as_millis(),
+        opts.against_loadgen
+            .as_ref()
+            .map_or(String::new(), |b| format!(
+                " --against-loadgen {}",
+                b.display()
+            ))
     );
+    let spread = |t: &[f64]| {
+        format!(
+            "{} / {} / {} ({})",
+            secs(nearest_rank(t, 0.5)),
+            secs(nearest_rank(t, 0.9)),
+            secs(t.last().copied()),
+            t.len()
+        )
+    };
+    let errors = |e: &BTreeMap<String, u64>| {
+        e.iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if opts.against_loadgen.is_some() {
+        return report_against(opts, restarts, md, spread, errors);
+    }
     let _ = writeln!(
         md,
         "| restart | first answer | streams accepted again: p50 / p90 / last (count) | \
-         every node served | every pod served (list asked → answered) | polls |"
+         every node served | every pod served (list asked → answered) | polls | stream errors \
+         during |"
     );
-    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---|");
     for (i, r) in restarts.iter().enumerate() {
         let _ = writeln!(
             md,
-            "| {} | {} | {} / {} / {} ({}) | {} | {} → **{:.2} s** | {} |",
+            "| {} | {} | {} | {} | {} → **{:.2} s** | {} | {} |",
             i + 1,
             secs(r.first_answer),
-            secs(nearest_rank(&r.streams_back, 0.5)),
-            secs(nearest_rank(&r.streams_back, 0.9)),
-            secs(r.streams_back.last().copied()),
-            r.streams_back.len(),
+            spread(r.streams_back.first().map_or(&[], Vec::as_slice)),
             secs(r.nodes),
             secs(r.asked),
             r.complete,
-            r.polls
+            r.polls,
+            errors(&r.errors)
         );
     }
     let complete: Vec<f64> = restarts.iter().map(|r| r.complete).collect();
@@ -303,17 +534,77 @@ fn report(opts: &Options, restarts: &[Restart], agents: &Value) -> String {
     let _ = writeln!(
         md,
         "\nComplete again after the new process started: p50 **{}**, max **{}** (target ≤ {} s: \
-         {}). Times are from the start of the new process. The reader polls the NodeMetrics \
-         list until every node is there (about 20 ms a poll), then every PodMetrics in \
-         protobuf; the time quoted is the arrival of the first complete PodMetrics list, an \
-         upper bound (that list, 30,000 pods, is built while the agents' snapshots arrive). \
-         Agents over the run: {} reconnects, stream errors {}.",
+         {}). Times are from the start of the new process (the server was down {:.1} s after \
+         each kill). The reader polls the NodeMetrics list until every node is there (about \
+         20 ms a poll), then every PodMetrics in protobuf; the time quoted is the arrival of \
+         the first complete PodMetrics list, an upper bound (that list is built while the \
+         agents' snapshots arrive). Agents over the run: {} reconnects, stream errors {}.",
         secs(p50),
         secs(max),
         TARGET.as_secs(),
         if met { "met" } else { "**not met**" },
+        opts.down.as_secs_f64(),
         agents["reconnects"],
         agents["stream_errors"]
+    );
+    md
+}
+
+/// The reconnect times of a restart's `i`th load generator (0: this build's).
+fn group(r: &Restart, i: usize) -> &[f64] {
+    r.streams_back.get(i).map_or(&[], Vec::as_slice)
+}
+
+/// The table of a run with `--against-loadgen`: each restart's reconnects of both builds,
+/// and the paired difference of their last stream back.
+fn report_against(
+    opts: &Options,
+    restarts: &[Restart],
+    mut md: String,
+    spread: impl Fn(&[f64]) -> String,
+    errors: impl Fn(&BTreeMap<String, u64>) -> String,
+) -> String {
+    let _ = writeln!(
+        md,
+        "| restart | this build: streams back p50 / p90 / last (count) | against: p50 / p90 / \
+         last (count) | this build's stream errors during |"
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---|");
+    for (i, r) in restarts.iter().enumerate() {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            i + 1,
+            spread(group(r, 0)),
+            spread(group(r, 1)),
+            errors(&r.errors)
+        );
+    }
+    let quantile = |i: usize, q: f64| -> Vec<f64> {
+        restarts
+            .iter()
+            .filter_map(|r| nearest_rank(group(r, i), q))
+            .collect()
+    };
+    for (what, q) in [("p50", 0.5), ("p90", 0.9), ("last", 1.0)] {
+        let (ours, theirs) = (quantile(0, q), quantile(1, q));
+        let diffs: Vec<f64> = ours.iter().zip(&theirs).map(|(a, b)| a - b).collect();
+        let (mean, lo, hi) = stats::paired(&diffs);
+        let _ = writeln!(
+            md,
+            "\n- {what} stream back: this build median {:.2} s, against {:.2} s; this build \
+             minus against, paired by restart: {mean:+.2} s (95 % CI {lo:+.2} … {hi:+.2}, {} \
+             restarts)",
+            stats::median(&ours),
+            stats::median(&theirs),
+            diffs.len()
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nTimes are from the start of the new process; the server was down {:.1} s after each \
+         kill. Both builds' agents streamed to the same server at once.",
+        opts.down.as_secs_f64()
     );
     md
 }

@@ -493,6 +493,7 @@ impl Fleet {
             nice,
             log_filter: None,
             custom_metrics: false,
+            node_prefix: None,
         }
     }
 }
@@ -520,6 +521,9 @@ pub struct Agents<'a> {
     pub log_filter: Option<&'a str>,
     /// Also send pressure and throttling (`loadgen --custom-metrics`).
     pub custom_metrics: bool,
+    /// Node names `<prefix><index>` (default: the load generator's `sim-`): two load
+    /// generators streaming to one server at once need different ones.
+    pub node_prefix: Option<&'a str>,
 }
 
 impl Agents<'_> {
@@ -551,6 +555,9 @@ impl Agents<'_> {
         }
         if self.custom_metrics {
             args.push("--custom-metrics".to_owned());
+        }
+        if let Some(prefix) = self.node_prefix {
+            args.extend(["--node-prefix".to_owned(), prefix.to_owned()]);
         }
         let env: Vec<(&str, &str)> = self
             .log_filter

@@ -26,8 +26,8 @@ use tokio::{
 };
 
 use super::{
-    split_host_port, stopped, Credentials, ErrorLabels, Published, ReplicaLabel, Shared, Target,
-    TargetAddr, Timeouts,
+    split_host_port, stopped, Credentials, ErrorLabels, Published, ReplicaLabel, Retry, Shared,
+    Target, TargetAddr, Timeouts,
 };
 use crate::attribute::{MetaChanges, PodSet};
 
@@ -220,6 +220,14 @@ impl StreamError {
         }
     }
 
+    /// Whether the connection was refused: nothing listens on the replica's port (a replica
+    /// restarting, or not yet listening). Such attempts back off only up to
+    /// [`Backoff::refused_max`](super::Backoff::refused_max).
+    pub fn is_connection_refused(&self) -> bool {
+        matches!(self, StreamError::Connect { source, .. }
+            if source.kind() == std::io::ErrorKind::ConnectionRefused)
+    }
+
     /// Whether the server (or our configuration) said no, rather than the network failing:
     /// these are ERRORs, the others WARNs.
     pub fn is_refusal(&self) -> bool {
@@ -249,7 +257,7 @@ pub(super) async fn run_replica(
         replica: target.label.clone(),
     };
     let mut rng = fastrand::Rng::new();
-    let mut failures = 0u32;
+    let mut retry = Retry::default();
     let mut report = Report {
         replica: &target.label,
         last: None,
@@ -263,8 +271,7 @@ pub(super) async fn run_replica(
             sent_pods: Arc::new(PodSet::default()),
             last_seq: 0,
         };
-        let result = s.run(&mut stop, &mut report).await;
-        match result {
+        let refused = match s.run(&mut stop, &mut report).await {
             Ok(()) => return,
             Err(e) => {
                 metrics
@@ -275,18 +282,18 @@ pub(super) async fn run_replica(
                     })
                     .inc();
                 report.failed(&e);
+                e.is_connection_refused()
             }
-        }
+        };
         if *stop.borrow() {
             return;
         }
         if s.welcomed_at
             .is_some_and(|t| t.elapsed() >= backoff.reset_after)
         {
-            failures = 0;
+            retry.reset();
         }
-        let delay = backoff.delay(failures, &mut rng);
-        failures = failures.saturating_add(1);
+        let delay = retry.after(refused, &backoff, &mut rng);
         tracing::debug!(replica = %target.label, ?delay, "reconnecting after");
         tokio::select! {
             () = tokio::time::sleep(delay) => {}

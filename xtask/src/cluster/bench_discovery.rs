@@ -306,6 +306,7 @@ fn measure(
         nice: false,
         log_filter: None,
         custom_metrics: false,
+        node_prefix: None,
     };
     println!(
         "bench-discovery: {} simulated nodes × {} pods × {} containers streaming to {}",

@@ -54,9 +54,10 @@
 //!   it against what *it* last sent, so the next Update carries every upsert and removal
 //!   that happened meanwhile.
 //! - **Reconnects**: jittered exponential backoff ([`Backoff`]: 200 ms doubling to 30 s,
-//!   full jitter, reset once a stream stayed up 60 s; a refused connection — nothing
-//!   listening, as while a replica restarts — only up to 2 s, so the agents are back soon
-//!   after a restarted replica listens); a new stream starts with a new Snapshot. A stream whose body cannot be written for [`Timeouts::stall`] is abandoned.
+//!   full jitter, reset once a stream stayed up 60 s; refused connections — nothing
+//!   listening, as while a replica restarts — only up to 2 s for about a minute, so the
+//!   agents are back soon after a restarted replica listens); a new stream starts with a
+//!   new Snapshot. A stream whose body cannot be written for [`Timeouts::stall`] is abandoned.
 //! - **Logs**: state changes only. A refusal (identity, version) or an `Error` frame is
 //!   one ERROR line; the same failure again is logged at DEBUG until something changes.
 
@@ -143,12 +144,17 @@ impl std::fmt::Debug for Credentials {
 
 /// Reconnect delays: full jitter over an exponentially growing cap.
 ///
-/// Two counts grow the cap: failures that cost the replica something (a handshake, a
-/// refusal, a stream cut), up to [`Backoff::max`]; and connections refused in a row (nothing
-/// listens on the replica's port: the kernel's reset, which costs the replica nothing),
-/// only up to [`Backoff::refused_max`]. A replica that restarts is refused to its agents
-/// while it is down, however long; once it listens, each of them is back within about
-/// `refused_max`, not after a cap that doubled all the while. See [`Retry`].
+/// Two counts grow the cap ([`Retry`]): failures that cost the replica something (a
+/// handshake, a refusal, a stream cut), up to [`Backoff::max`]; and connections refused in a
+/// row (nothing listens on the replica's port: the kernel's reset, which costs the replica
+/// nothing), only up to [`Backoff::refused_max`]. So a replica that restarts after a healthy
+/// stream has its agents back within about `refused_max` of listening, not after a cap that
+/// doubled while it was down. Two limits keep that fast lane for restarts:
+/// - the refusals' cap is never below the failures' previous one: agents whose streams keep
+///   failing (a replica crash-looping under them) spread their returns as before;
+/// - after [`Backoff::refused_fast`] refusals in a row (about a minute), refusals count as
+///   failures: a replica down that long is gone or crash-looping, and an address that always
+///   refuses (a wrong port) is not knocked on every second for ever.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
     /// The first cap.
@@ -157,6 +163,9 @@ pub struct Backoff {
     pub max: Duration,
     /// The largest cap after connections refused in a row.
     pub refused_max: Duration,
+    /// Refusals in a row that back off up to [`Backoff::refused_max`]; later ones count as
+    /// failures.
+    pub refused_fast: u32,
     /// A stream that stayed up this long resets the cap to `initial`.
     pub reset_after: Duration,
 }
@@ -166,8 +175,10 @@ impl Default for Backoff {
         Backoff {
             initial: Duration::from_millis(200),
             max: Duration::from_secs(30),
-            // On average one SYN a second from each agent to a replica that is down.
+            // On average one SYN a second from each agent to a replica that is down...
             refused_max: Duration::from_secs(2),
+            // ...for about a minute (the first four caps are shorter).
+            refused_fast: 64,
             reset_after: Duration::from_secs(60),
         }
     }
@@ -195,26 +206,37 @@ fn jitter(cap: Duration, rng: &mut fastrand::Rng) -> Duration {
 /// One replica's reconnect state: what [`Backoff`] counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Retry {
-    /// Failures in a row, refused connections not counted.
+    /// Failures in a row, refused connections not counted (until there are
+    /// [`Backoff::refused_fast`] of them).
     pub failures: u32,
     /// Connections refused in a row.
     pub refusals: u32,
 }
 
 impl Retry {
-    /// The delay before the next attempt after an attempt that failed; `refused`: its
-    /// connection was refused (nothing listening), else it failed or ended otherwise.
-    pub fn after(&mut self, refused: bool, backoff: &Backoff, rng: &mut fastrand::Rng) -> Duration {
-        if refused {
-            let cap = backoff.cap(self.refusals).min(backoff.refused_max);
-            self.refusals = self.refusals.saturating_add(1);
-            jitter(cap, rng)
-        } else {
-            let delay = backoff.delay(self.failures, rng);
-            self.failures = self.failures.saturating_add(1);
-            self.refusals = 0;
-            delay
+    /// The cap of the next delay after an attempt that failed; `refused`: its connection
+    /// was refused at every address (nothing listening), else it failed or ended otherwise.
+    /// Counts the attempt.
+    pub fn next_cap(&mut self, refused: bool, backoff: &Backoff) -> Duration {
+        if refused && self.refusals < backoff.refused_fast {
+            // Never below the cap the failures had reached before this run of refusals.
+            let floor = backoff
+                .refused_max
+                .max(backoff.cap(self.failures.saturating_sub(1)));
+            self.refusals += 1;
+            return backoff.cap(self.refusals - 1).min(floor);
         }
+        let cap = backoff.cap(self.failures);
+        self.failures = self.failures.saturating_add(1);
+        if !refused {
+            self.refusals = 0;
+        }
+        cap
+    }
+
+    /// The delay before the next attempt: [`Retry::next_cap`] with full jitter.
+    pub fn after(&mut self, refused: bool, backoff: &Backoff, rng: &mut fastrand::Rng) -> Duration {
+        jitter(self.next_cap(refused, backoff), rng)
     }
 
     /// A stream that stayed up [`Backoff::reset_after`]: the next failure starts over.
@@ -742,65 +764,142 @@ mod tests {
     }
 
     #[test]
-    fn refused_connections_back_off_to_their_own_cap_and_keep_the_others_count() {
+    fn refused_connections_back_off_to_their_own_cap_for_a_while() {
         let b = Backoff::default();
-        let mut rng = fastrand::Rng::with_seed(11);
+        let ms = Duration::from_millis;
         let mut retry = Retry::default();
-        // The stream cut by the replica's end: an ordinary failure.
-        assert!(retry.after(false, &b, &mut rng) <= Duration::from_millis(200));
-        // Then refused, a hundred times in a row (the replica down for minutes): the cap
-        // stops at refused_max, and the failures' count does not grow.
-        let delays: Vec<Duration> = (0..100).map(|_| retry.after(true, &b, &mut rng)).collect();
-        assert!(delays.iter().all(|d| *d <= b.refused_max), "{delays:?}");
-        assert!(delays[..4]
-            .iter()
-            .all(|d| *d <= Duration::from_millis(1_600)));
-        let late = &delays[50..];
-        let mean = late.iter().sum::<Duration>() / late.len() as u32;
-        assert!(
-            mean > Duration::from_millis(700) && mean < Duration::from_millis(1_300),
-            "full jitter over refused_max: {mean:?}"
+        // The stream of a healthy replica cut by its end: an ordinary failure.
+        assert_eq!(retry.next_cap(false, &b), ms(200));
+        // Then refused while it is down: 200 ms doubling, but only to refused_max, while
+        // the failures' count stays where it was.
+        let caps: Vec<Duration> = (0..b.refused_fast)
+            .map(|_| retry.next_cap(true, &b))
+            .collect();
+        assert_eq!(
+            &caps[..5],
+            &[ms(200), ms(400), ms(800), ms(1_600), ms(2_000)]
         );
+        assert!(caps[5..].iter().all(|c| *c == b.refused_max), "{caps:?}");
         assert_eq!(
             retry,
             Retry {
                 failures: 1,
-                refusals: 100
+                refusals: b.refused_fast
             }
         );
-        // The replica listens again but fails the handshake: the ordinary count goes on
-        // from where it was (second failure: cap 400 ms), and refusals start over.
-        assert!(retry.after(false, &b, &mut rng) <= Duration::from_millis(400));
-        assert_eq!(
-            retry,
-            Retry {
-                failures: 2,
-                refusals: 0
-            }
-        );
-        assert!(retry.after(true, &b, &mut rng) <= Duration::from_millis(200));
+        // Refused for longer than that: refusals count as failures again, to the usual 30 s.
+        let later: Vec<Duration> = (0..10).map(|_| retry.next_cap(true, &b)).collect();
+        assert_eq!(later[0], ms(400));
+        assert_eq!(later[9], b.max);
+        // It listens but the handshake fails: the failures' count goes on, refusals start
+        // over.
+        assert_eq!(retry.next_cap(false, &b), b.max);
+        assert_eq!(retry.refusals, 0);
         retry.reset();
         assert_eq!(retry, Retry::default());
     }
 
-    #[tokio::test]
-    async fn a_port_nobody_listens_on_is_a_refused_connection() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        drop(listener);
-        let source = tokio::net::TcpStream::connect(addr)
-            .await
-            .expect_err("nothing listens");
-        let e = StreamError::Connect { addr, source };
-        assert!(e.is_connection_refused());
-        assert!(!StreamError::Timeout { what: "connecting" }.is_connection_refused());
-        let other = StreamError::Connect {
-            addr,
-            source: std::io::Error::from(std::io::ErrorKind::HostUnreachable),
+    #[test]
+    fn refusals_after_failures_in_a_row_keep_the_failures_cap() {
+        let b = Backoff::default();
+        let mut retry = Retry::default();
+        // A replica that keeps failing its agents' streams (crash-looping under them):
+        // six failures, the last cap 6.4 s.
+        for _ in 0..6 {
+            retry.next_cap(false, &b);
+        }
+        let caps: Vec<Duration> = (0..8).map(|_| retry.next_cap(true, &b)).collect();
+        assert_eq!(caps[4], Duration::from_millis(3_200));
+        assert!(
+            caps[5..].iter().all(|c| *c == Duration::from_millis(6_400)),
+            "{caps:?}"
+        );
+        // Full jitter over the cap.
+        let mut rng = fastrand::Rng::with_seed(3);
+        let delays: Vec<Duration> = (0..40).map(|_| retry.after(true, &b, &mut rng)).collect();
+        assert!(delays.iter().all(|d| *d <= Duration::from_millis(6_400)));
+    }
+
+    /// Through the whole reconnect loop: shippers refused for 6 s (the old doubling would
+    /// have grown their caps to 6.4 s or more) are all connected within 5 s of the port
+    /// listening. Each of the 20 is back within 2 s with refused_max; with a 6.4 s cap the
+    /// chance that all 20 are within 5 s is under 1 %.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refused_shippers_are_back_soon_after_the_port_listens() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").port()
         };
-        assert!(!other.is_connection_refused());
+        let tls = tls::client_config(&tls::TlsOptions {
+            insecure_skip_verify: true,
+            ..Default::default()
+        })
+        .expect("tls");
+        let shippers: Vec<Shipper> = (0..20)
+            .map(|i| {
+                Shipper::spawn(
+                    ShipConfig::new(
+                        Replicas::Static(vec![format!("127.0.0.1:{port}")]),
+                        tls.clone(),
+                    ),
+                    hello(&format!("n{i}"), "test"),
+                )
+            })
+            .collect();
+        // A stream starts with a tick to send.
+        for s in &shippers {
+            s.publish(Tick {
+                node: NodeSample {
+                    timestamp: kpulse_wire::UnixNanos(1),
+                    started_at: None,
+                    cpu: kpulse_wire::CpuNanos(1),
+                    memory_working_set: kpulse_wire::Bytes(0),
+                    swap: None,
+                },
+                pods: Arc::new(PodSet::default()),
+                counters: vec![],
+            });
+        }
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let refused: u64 = shippers
+            .iter()
+            .flat_map(|s| s.metrics().stream_errors(&format!("127.0.0.1:{port}")))
+            .filter(|(reason, _)| *reason == "connect")
+            .map(|(_, n)| n)
+            .sum();
+        assert!(
+            refused >= 20 * 5,
+            "each shipper refused several times: {refused}"
+        );
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("the port again");
+        let listening = tokio::time::Instant::now();
+        // Held open, never answered: each shipper waits out its handshake (10 s), so it
+        // connects once in the 5 s.
+        let mut held = Vec::new();
+        while held.len() < 20 {
+            match tokio::time::timeout_at(listening + Duration::from_secs(5), listener.accept())
+                .await
+            {
+                Ok(Ok((s, _))) => held.push(s),
+                Ok(Err(e)) => panic!("accept: {e}"),
+                Err(_) => break,
+            }
+        }
+        assert_eq!(
+            held.len(),
+            20,
+            "shippers connected within 5 s of the port listening"
+        );
+        drop(held);
+        let ends: Vec<_> = shippers
+            .into_iter()
+            .map(|s| tokio::spawn(s.shutdown(Duration::from_secs(1))))
+            .collect();
+        for end in ends {
+            end.await.expect("shut down");
+        }
     }
 
     #[test]

@@ -90,8 +90,9 @@ struct Restart {
     /// When the agents' streams were accepted again (seconds after the start), sorted: this
     /// build's agents, then (with `--against-loadgen`) the other build's.
     streams_back: Vec<Vec<f64>>,
-    /// This build's agents' stream errors during the restart, by reason.
-    errors: BTreeMap<String, u64>,
+    /// This build's agents' stream errors during the restart, by reason (`None`: its load
+    /// generator wrote no counts line after the restart).
+    errors: Option<BTreeMap<String, u64>>,
 }
 
 /// The other build's agents' node names start with this.
@@ -194,10 +195,28 @@ fn counts_lines(log: &Path) -> Result<Vec<(u128, Value)>> {
 }
 
 /// The stream errors by reason counted between the last counts line at or before `from`
-/// and the last one of the log.
-fn errors_since(log: &Path, from: SystemTime) -> Result<BTreeMap<String, u64>> {
-    let lines = counts_lines(log)?;
-    let from = unix_ns(from);
+/// and the first one after `to`; `None` if no line follows `to` (within 5 s).
+fn errors_after(
+    log: &Path,
+    from: SystemTime,
+    to: SystemTime,
+    stop: &Stop,
+) -> Result<Option<BTreeMap<String, u64>>> {
+    let (from, to) = (unix_ns(from), unix_ns(to));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(errors) = errors_between(&counts_lines(log)?, from, to) {
+            return Ok(Some(errors));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        stop.sleep(Duration::from_millis(200))?;
+    }
+}
+
+/// [`errors_after`] on lines already read.
+fn errors_between(lines: &[(u128, Value)], from: u128, to: u128) -> Option<BTreeMap<String, u64>> {
     let count = |v: &Value| -> BTreeMap<String, u64> {
         v["stream_errors"]
             .as_object()
@@ -212,17 +231,17 @@ fn errors_since(log: &Path, from: SystemTime) -> Result<BTreeMap<String, u64>> {
         .find(|(at, _)| *at <= from)
         .map(|(_, v)| count(v))
         .unwrap_or_default();
-    let Some((_, last)) = lines.last() else {
-        return Ok(BTreeMap::new());
-    };
-    Ok(count(last)
-        .into_iter()
-        .map(|(k, n)| {
-            let d = n.saturating_sub(before.get(&k).copied().unwrap_or(0));
-            (k, d)
-        })
-        .filter(|(_, d)| *d > 0)
-        .collect())
+    let (_, after) = lines.iter().find(|(at, _)| *at > to)?;
+    Some(
+        count(after)
+            .into_iter()
+            .map(|(k, n)| {
+                let d = n.saturating_sub(before.get(&k).copied().unwrap_or(0));
+                (k, d)
+            })
+            .filter(|(_, d)| *d > 0)
+            .collect(),
+    )
 }
 
 fn measure(
@@ -296,7 +315,7 @@ fn measure(
     // restart.
     let first_limit = opts.fleet.ramp_secs + 120;
     if against.is_some() {
-        wait_streams(&server, opts.fleet.agents, first_limit, stop)
+        wait_streams(&server, opts.fleet.agents, first_limit, &mut groups, stop)
     } else {
         Waiter::start(bins, &pki, &server, &agents, dir, "0", first_limit)?
             .finish(stop)
@@ -350,52 +369,40 @@ fn measure(
                     complete: at("complete_unix_ns").context("no complete_unix_ns")?,
                     polls: v["polls"].as_u64().unwrap_or(0),
                     streams_back: Vec::new(),
-                    errors: BTreeMap::new(),
+                    errors: None,
                 }
             }
             None => {
-                let deadline = Instant::now() + Duration::from_secs(opts.timeout_secs);
-                loop {
-                    let back = groups
-                        .iter()
-                        .map(|g| Ok(event_times(&g.proc.log, STREAM_ACCEPTED, spawned)?.len()))
-                        .collect::<Result<Vec<usize>>>()?;
-                    if back.iter().zip(&groups).all(|(b, g)| *b >= g.nodes) {
-                        break;
-                    }
-                    ensure!(
-                        Instant::now() < deadline,
-                        "restart {n}: streams back {back:?} of {:?} after {} s",
-                        groups.iter().map(|g| g.nodes).collect::<Vec<_>>(),
-                        opts.timeout_secs
-                    );
-                    server_proc.check_running()?;
-                    stop.sleep(Duration::from_millis(100))?;
-                }
+                // Every agent back: the server holds every stream again. (Its log lines
+                // alone could be fooled: an agent cut again after its Welcome logs twice.)
+                wait_streams(
+                    &server,
+                    opts.fleet.agents,
+                    opts.timeout_secs,
+                    &mut groups,
+                    stop,
+                )
+                .with_context(|| format!("restart {n}"))?;
                 Restart {
                     first_answer: None,
                     nodes: None,
                     asked: None,
-                    complete: 0.0,
+                    complete: since(unix_ns(SystemTime::now())),
                     polls: 0,
                     streams_back: Vec::new(),
-                    errors: BTreeMap::new(),
+                    errors: None,
                 }
             }
         };
-        // The counts line after the restart is at most a second away.
-        stop.sleep(Duration::from_millis(1_500))?;
-        r.errors = errors_since(&groups[0].proc.log, killed)?;
+        let done = SystemTime::now();
+        r.errors = errors_after(&groups[0].proc.log, killed, done, stop)?;
         for g in &groups {
-            r.streams_back
-                .push(event_times(&g.proc.log, STREAM_ACCEPTED, spawned)?);
-        }
-        if against.is_some() {
-            r.complete = r
-                .streams_back
-                .iter()
-                .filter_map(|t| t.last().copied())
-                .fold(0.0, f64::max);
+            let mut back = event_times(&g.proc.log, STREAM_ACCEPTED, spawned)?;
+            // One line an agent, more for one cut again after its Welcome: the `nodes`th
+            // earliest line is at most the last agent's return (a lower bound; `complete`,
+            // the server's count, an upper one).
+            back.truncate(g.nodes);
+            r.streams_back.push(back);
         }
         eprintln!(
             "bench-restart: restart {n}: first answer {}, streams accepted again {}, every node \
@@ -432,8 +439,14 @@ fn measure(
     Ok((restarts, summary))
 }
 
-/// Waits until the server holds `count` agents' streams.
-fn wait_streams(server: &Server, count: usize, limit_secs: u64, stop: &Stop) -> Result<()> {
+/// Waits until the server holds `count` agents' streams, the load generators running.
+fn wait_streams(
+    server: &Server,
+    count: usize,
+    limit_secs: u64,
+    groups: &mut [Group],
+    stop: &Stop,
+) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(limit_secs);
     loop {
         let up = server
@@ -443,11 +456,14 @@ fn wait_streams(server: &Server, count: usize, limit_secs: u64, stop: &Stop) -> 
         if up >= count as f64 {
             return Ok(());
         }
+        for g in groups.iter_mut() {
+            g.proc.check_running()?;
+        }
         ensure!(
             Instant::now() < deadline,
             "{up} of {count} streams up after {limit_secs} s"
         );
-        stop.sleep(Duration::from_millis(500))?;
+        stop.sleep(Duration::from_millis(100))?;
     }
 }
 
@@ -492,11 +508,13 @@ fn report(opts: &Options, restarts: &[Restart], agents: &Value) -> String {
             t.len()
         )
     };
-    let errors = |e: &BTreeMap<String, u64>| {
-        e.iter()
+    let errors = |e: &Option<BTreeMap<String, u64>>| match e {
+        Some(e) => e
+            .iter()
             .map(|(k, n)| format!("{k} {n}"))
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", "),
+        None => "n/a".to_owned(),
     };
     if opts.against_loadgen.is_some() {
         return report_against(opts, restarts, md, spread, errors);
@@ -562,21 +580,22 @@ fn report_against(
     restarts: &[Restart],
     mut md: String,
     spread: impl Fn(&[f64]) -> String,
-    errors: impl Fn(&BTreeMap<String, u64>) -> String,
+    errors: impl Fn(&Option<BTreeMap<String, u64>>) -> String,
 ) -> String {
     let _ = writeln!(
         md,
         "| restart | this build: streams back p50 / p90 / last (count) | against: p50 / p90 / \
-         last (count) | this build's stream errors during |"
+         last (count) | every stream held by the server | this build's stream errors during |"
     );
-    let _ = writeln!(md, "|---:|---:|---:|---|");
+    let _ = writeln!(md, "|---:|---:|---:|---:|---|");
     for (i, r) in restarts.iter().enumerate() {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} s | {} |",
             i + 1,
             spread(group(r, 0)),
             spread(group(r, 1)),
+            r.complete,
             errors(&r.errors)
         );
     }
@@ -603,7 +622,11 @@ fn report_against(
     let _ = writeln!(
         md,
         "\nTimes are from the start of the new process; the server was down {:.1} s after each \
-         kill. Both builds' agents streamed to the same server at once.",
+         kill. Both builds' agents streamed to the same server at once. A build's streams back \
+         are its load generator's \"streaming to the aggregator\" lines, its agents' count of \
+         the earliest (an agent cut again after its Welcome logs twice: \"last\" is then a \
+         lower bound); \"every stream held\" is when the server's count of streams reached \
+         every agent's (polled every 100 ms: an upper bound).",
         opts.down.as_secs_f64()
     );
     md
@@ -624,6 +647,34 @@ mod tests {
             Some(1_796_021_551_443_673_000)
         );
         assert_eq!(parse_utc("2026-11-30 06:52:31Z"), None);
+    }
+
+    #[test]
+    fn errors_are_counted_between_two_counts_lines() {
+        let log = std::env::temp_dir().join(format!("kpulse-counts-{}.log", std::process::id()));
+        std::fs::write(
+            &log,
+            "1970-01-01T00:00:10Z  INFO loadgen: loadgen counts {\"stream_errors\":{\"http\":1}}\n\
+             1970-01-01T00:00:11Z  INFO kpulse_agent::ship: streaming to the aggregator\n\
+             1970-01-01T00:00:12Z  INFO loadgen: loadgen counts {\"stream_errors\":{\"http\":3,\"connect\":7}}\n\
+             1970-01-01T00:00:13Z  INFO loadgen: loadgen counts {\"stream_errors\":{\"http\":3,\"connect\":9}}\n",
+        )
+        .expect("write");
+        let lines = counts_lines(&log).expect("read");
+        std::fs::remove_file(&log).expect("remove");
+        assert_eq!(lines.len(), 3);
+        let s = |n: u128| n * 1_000_000_000;
+        // From the line at 10 s to the first after 11.5 s (the one at 12 s).
+        let e = errors_between(&lines, s(10), s(11) + 500_000_000).expect("a line after");
+        assert_eq!(
+            e,
+            BTreeMap::from([("connect".to_owned(), 7), ("http".to_owned(), 2)])
+        );
+        // Nothing changed between 12 and 13 s but connect.
+        let e = errors_between(&lines, s(12), s(12) + 1).expect("a line after");
+        assert_eq!(e, BTreeMap::from([("connect".to_owned(), 2)]));
+        // No line after the end: not known, rather than none.
+        assert_eq!(errors_between(&lines, s(10), s(13)), None);
     }
 
     #[test]

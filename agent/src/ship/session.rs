@@ -710,18 +710,26 @@ async fn connect(addr: &TargetAddr, t: &Timeouts) -> Result<TcpStream, StreamErr
             super::resolve(&host, port, t.resolve).await?
         }
     };
-    let mut last = None;
+    // A refusal is the error only when every address refused: it backs off less.
+    let (mut refused, mut other) = (None, None);
     for a in addrs {
         match tokio::time::timeout(t.connect, TcpStream::connect(a)).await {
             Ok(Ok(s)) => {
                 let _ = s.set_nodelay(true);
                 return Ok(s);
             }
-            Ok(Err(source)) => last = Some(StreamError::Connect { addr: a, source }),
-            Err(_) => last = Some(StreamError::Timeout { what: "connecting" }),
+            Ok(Err(source)) => {
+                let e = StreamError::Connect { addr: a, source };
+                if e.is_connection_refused() {
+                    refused = Some(e);
+                } else {
+                    other = Some(e);
+                }
+            }
+            Err(_) => other = Some(StreamError::Timeout { what: "connecting" }),
         }
     }
-    Err(last.unwrap_or_else(|| StreamError::NoAddress {
+    Err(other.or(refused).unwrap_or_else(|| StreamError::NoAddress {
         target: match addr {
             TargetAddr::Fixed(a) => a.to_string(),
             TargetAddr::Name(n) => n.clone(),
@@ -810,6 +818,36 @@ mod tests {
         assert_eq!(sanitize(" a\nb\u{1b}[31m "), "a b [31m");
         let long = "x".repeat(600);
         assert_eq!(sanitize(&long).chars().count(), 513);
+    }
+
+    #[tokio::test]
+    async fn a_port_nobody_listens_on_is_a_refused_connection() {
+        let addr = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr")
+        };
+        let t = Timeouts::default();
+        let e = connect(&TargetAddr::Fixed(addr), &t)
+            .await
+            .expect_err("nothing listens");
+        assert!(e.is_connection_refused(), "{e:?}");
+        assert_eq!(e.reason(), "connect");
+        let e = connect(&TargetAddr::Name(format!("localhost:{}", addr.port())), &t)
+            .await
+            .expect_err("nothing listens");
+        assert!(e.is_connection_refused(), "every address refused: {e:?}");
+        assert!(!StreamError::Timeout { what: "connecting" }.is_connection_refused());
+        let unreachable = StreamError::Connect {
+            addr,
+            source: std::io::Error::from(std::io::ErrorKind::HostUnreachable),
+        };
+        assert!(!unreachable.is_connection_refused());
+        // Listening again: connected.
+        let l = tokio::net::TcpListener::bind(addr).await.expect("rebind");
+        connect(&TargetAddr::Fixed(addr), &t)
+            .await
+            .expect("connects");
+        drop(l);
     }
 
     #[tokio::test]

@@ -169,7 +169,7 @@ fn secs(v: Option<f64>) -> String {
     v.map_or("n/a".to_owned(), |s| format!("{s:.2} s"))
 }
 
-fn unix_ns(t: SystemTime) -> u128 {
+pub(crate) fn unix_ns(t: SystemTime) -> u128 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos())
 }
@@ -180,7 +180,7 @@ fn ns_field(v: &Value, key: &str) -> Option<u128> {
 
 /// The `loadgen counts` lines of `log` (the load generator's counts so far, every second):
 /// each line's time and its JSON object.
-fn counts_lines(log: &Path) -> Result<Vec<(u128, Value)>> {
+pub(crate) fn counts_lines(log: &Path) -> Result<Vec<(u128, Value)>> {
     const MARK: &str = "loadgen counts ";
     let text =
         std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
@@ -216,7 +216,11 @@ fn errors_after(
 }
 
 /// [`errors_after`] on lines already read.
-fn errors_between(lines: &[(u128, Value)], from: u128, to: u128) -> Option<BTreeMap<String, u64>> {
+pub(crate) fn errors_between(
+    lines: &[(u128, Value)],
+    from: u128,
+    to: u128,
+) -> Option<BTreeMap<String, u64>> {
     let count = |v: &Value| -> BTreeMap<String, u64> {
         v["stream_errors"]
             .as_object()

@@ -2,14 +2,18 @@
 //! the hard open-file limit each inherits, and their summaries added up.
 
 use std::{
+    collections::BTreeMap,
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
 
-use crate::harness::{self, Proc};
+use crate::{
+    bench_restart::{counts_lines, errors_between, unix_ns},
+    harness::{self, Proc},
+};
 
 /// Open files each load generator process keeps below its hard limit for what is not a
 /// fleet connection (a stream a node and replica, a pod watch a node).
@@ -35,18 +39,24 @@ impl Agents {
         let count = processes(nodes, replicas, limit)?
             .max(at_least)
             .min(nodes.max(1));
+        // Each start's logs kept: `loadgen-<start>-<process>.log`.
+        let start = (1..)
+            .find(|n| !dir.join(format!("loadgen-{n}-0.log")).exists())
+            .unwrap_or(0);
         let mut procs = Vec::with_capacity(count);
         for i in 0..count {
-            let summary = dir.join(format!("loadgen-{i}.out"));
+            let summary = dir.join(format!("loadgen-{start}-{i}.out"));
             let mut args = args.to_vec();
             args.extend(["--shard".to_owned(), format!("{i}/{count}")]);
-            let proc = Proc::spawn(
+            let proc = Proc::spawn_with_env(
                 &format!("the fleet's agents (loadgen {i}/{count})"),
                 loadgen,
                 &args,
                 false,
-                &dir.join(format!("loadgen-{i}.log")),
+                &dir.join(format!("loadgen-{start}-{i}.log")),
                 Some(&summary),
+                // Its counts every second (streams up, errors by reason): a restart's.
+                &[("RUST_LOG", "warn,loadgen=info")],
             )?;
             procs.push((proc, summary));
         }
@@ -57,6 +67,24 @@ impl Agents {
         self.procs
             .iter_mut()
             .try_for_each(|(p, _)| p.check_running())
+    }
+
+    /// What the load generators counted from `from` on: the seconds after `from` until every
+    /// process had as many streams up as at `from` again (NaN: not yet), and the stream
+    /// errors by reason from `from` to then (or to their last count).
+    pub(super) fn since(&self, from: SystemTime) -> Result<(f64, BTreeMap<String, u64>)> {
+        let from = unix_ns(from);
+        let (mut back, mut errors) = (from, BTreeMap::new());
+        for (p, _) in &self.procs {
+            let Some((at, e)) = back_again(&counts_lines(&p.log)?, from) else {
+                return Ok((f64::NAN, errors));
+            };
+            back = back.max(at);
+            for (k, n) in e {
+                *errors.entry(k).or_default() += n;
+            }
+        }
+        Ok(((back - from) as f64 / 1e9, errors))
     }
 
     /// Stops every process and returns their summaries added up.
@@ -72,6 +100,21 @@ impl Agents {
         }
         Ok(add_up(&summaries))
     }
+}
+
+/// In one load generator's counts lines: the first count after `from` (ns) with as many
+/// streams up as the last one at or before `from`, once fewer were (`None`: none such), and
+/// the stream errors by reason from `from` to it.
+fn back_again(lines: &[(u128, Value)], from: u128) -> Option<(u128, BTreeMap<String, u64>)> {
+    let up = |v: &Value| v["streams_up"].as_i64().unwrap_or(0);
+    let (_, before) = lines.iter().rev().find(|(at, _)| *at <= from)?;
+    let target = up(before);
+    let fell = lines
+        .iter()
+        .position(|(at, v)| *at > from && up(v) < target)?;
+    let (at, _) = lines[fell..].iter().find(|(_, v)| up(v) >= target)?;
+    let errors = errors_between(lines, from, at.saturating_sub(1))?;
+    Some((*at, errors))
 }
 
 /// Load generator processes for `nodes` agents streaming to `replicas` replicas and each
@@ -141,6 +184,35 @@ mod tests {
         assert_eq!(processes(1, 1, 4_096)?, 1);
         assert!(processes(10, 2, 1_024).is_err());
         Ok(())
+    }
+
+    #[test]
+    fn a_restart_is_counted_from_the_load_generators_counts() {
+        let line = |at: u128, up: i64, connect: u64| {
+            (
+                at,
+                json!({"streams_up": up, "stream_errors": {"http": 10, "connect": connect}}),
+            )
+        };
+        let lines = [
+            line(1, 100, 0),
+            line(2, 100, 0),
+            line(3, 60, 40),
+            line(4, 90, 70),
+            line(5, 100, 75),
+            line(6, 100, 75),
+        ];
+        // Killed at 2.5: back at 5, with 75 refusals meanwhile.
+        assert_eq!(
+            back_again(&lines, 2),
+            Some((5, BTreeMap::from([("connect".to_owned(), 75)])))
+        );
+        // Nothing fell after 5: not a restart.
+        assert_eq!(back_again(&lines, 5), None);
+        // Not back yet.
+        assert_eq!(back_again(&lines[..4], 2), None);
+        // No count before the kill.
+        assert_eq!(back_again(&lines, 0), None);
     }
 
     #[test]

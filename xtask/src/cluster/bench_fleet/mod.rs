@@ -48,10 +48,11 @@
 //! size reuses it): `cargo xtask cluster fleet --remove` removes it.
 
 use std::{
+    collections::BTreeMap,
     fs,
     path::Path,
     process::Command,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{bail, ensure, Context, Result};
@@ -251,6 +252,10 @@ struct Restart {
     /// seconds from its first log line to its first list of Nodes, of the agent pods, and
     /// to its agents' port's opening (from its log; NaN where the log lacks the line).
     restarted: Restarted,
+    /// The load generators' account: seconds from the kill until they had as many streams
+    /// up as before it (NaN: not counted), and their stream errors by reason meanwhile.
+    agents_back: f64,
+    agent_errors: BTreeMap<String, u64>,
 }
 
 /// What the restarted replica's process says of its start ([`Restart::restarted`]).
@@ -576,7 +581,7 @@ impl Bench<'_> {
         agents.check_running()?;
         let b = self.sample()?;
         let cost = self.cost(&a, &b)?;
-        arm.restart = self.restart(round)?;
+        arm.restart = self.restart(round, &agents)?;
         agents.check_running()?;
         arm.summary = agents.stop()?;
         self.set_flowschema(saved, true)?;
@@ -584,7 +589,7 @@ impl Bench<'_> {
     }
 
     /// Kills replica `round % replicas`'s process and times it back to ready.
-    fn restart(&self, round: usize) -> Result<Restart> {
+    fn restart(&self, round: usize, agents: &Agents) -> Result<Restart> {
         let replicas = self.replicas()?;
         ensure!(!replicas.is_empty(), "no aggregator-api replica to restart");
         let victim = &replicas[round % replicas.len()];
@@ -594,6 +599,7 @@ impl Bench<'_> {
         let pid = container_pid(self.ctx, container)?;
         let pid = u32::try_from(pid).context("a PID")?;
         let before = self.sample()?;
+        let killed_at = SystemTime::now();
         let killed = Instant::now();
         crate::exec::run(Command::new("kill").args(["-KILL", &pid.to_string()]))?;
         // Once the old process is gone, whatever answers is the new one.
@@ -653,6 +659,9 @@ impl Bench<'_> {
         } else {
             f64::NAN
         };
+        // The load generators count every second: one more count after the last agent.
+        self.stop.sleep(Duration::from_millis(1_500))?;
+        let (agents_back, agent_errors) = agents.since(killed_at)?;
         let after = self.sample()?;
         let secs = after.at.duration_since(before.at).as_secs_f64();
         let restarted = self.restarted(&victim.name).unwrap_or_else(|e| {
@@ -672,6 +681,8 @@ impl Bench<'_> {
             tokenreviews: tokenreviews(&after.metrics) - tokenreviews(&before.metrics),
             rejected: rejected(&after.metrics) - rejected(&before.metrics),
             apiserver_cores: (after.apiserver_cpu - before.apiserver_cpu) / secs,
+            agents_back,
+            agent_errors,
         })
     }
 

@@ -161,9 +161,16 @@ impl Bench<'_> {
                 .iter()
                 .map(|(outcome, n)| format!("{outcome} {n:.0}"))
                 .collect();
+            let errors: Vec<String> = a
+                .restart
+                .agent_errors
+                .iter()
+                .map(|(reason, n)| format!("{reason} {n}"))
+                .collect();
             out.push_str(&format!(
                 "- round {}: Nodes listed after {:.1} s, agent pods after {:.1} s, agents' port \
-                 open after {:.1} s; local token checks: {}\n",
+                 open after {:.1} s; local token checks: {}; the load generators' streams all \
+                 up again {} s after the kill, their stream errors meanwhile: {}\n",
                 i + 1,
                 r.nodes_listed,
                 r.agent_pods_listed,
@@ -172,6 +179,16 @@ impl Bench<'_> {
                     "none counted (review mode, or its metrics unread)".to_owned()
                 } else {
                     checks.join(", ")
+                },
+                if a.restart.agents_back.is_finite() {
+                    format!("{:.1}", a.restart.agents_back)
+                } else {
+                    "(not counted)".to_owned()
+                },
+                if errors.is_empty() {
+                    "none counted".to_owned()
+                } else {
+                    errors.join(", ")
                 },
             ));
         }

@@ -70,17 +70,27 @@ impl Agents {
     }
 
     /// What the load generators counted from `from` on: the seconds after `from` until every
-    /// process had as many streams up as at `from` again (NaN: not yet), and the stream
-    /// errors by reason from `from` to then (or to their last count).
+    /// process had as many streams up as at `from` again, and the stream errors by reason
+    /// from `from` to then; NaN and none when a process has not (or has no counts).
     pub(super) fn since(&self, from: SystemTime) -> Result<(f64, BTreeMap<String, u64>)> {
         let from = unix_ns(from);
-        let (mut back, mut errors) = (from, BTreeMap::new());
+        let mut logs = Vec::with_capacity(self.procs.len());
+        let mut back = from;
         for (p, _) in &self.procs {
-            let Some((at, e)) = back_again(&counts_lines(&p.log)?, from) else {
-                return Ok((f64::NAN, errors));
+            let lines = counts_lines(&p.log)?;
+            let Some(at) = back_again(&lines, from) else {
+                return Ok((f64::NAN, BTreeMap::new()));
             };
             back = back.max(at);
-            for (k, n) in e {
+            logs.push(lines);
+        }
+        // Every process's errors up to the last one's return.
+        let mut errors = BTreeMap::new();
+        for lines in &logs {
+            let counted = errors_between(lines, from, back.saturating_sub(1))
+                .or_else(|| errors_between(lines, from, lines.last()?.0.saturating_sub(1)))
+                .unwrap_or_default();
+            for (k, n) in counted {
                 *errors.entry(k).or_default() += n;
             }
         }
@@ -103,9 +113,8 @@ impl Agents {
 }
 
 /// In one load generator's counts lines: the first count after `from` (ns) with as many
-/// streams up as the last one at or before `from`, once fewer were (`None`: none such), and
-/// the stream errors by reason from `from` to it.
-fn back_again(lines: &[(u128, Value)], from: u128) -> Option<(u128, BTreeMap<String, u64>)> {
+/// streams up as the last one at or before `from`, once fewer were (`None`: none such).
+fn back_again(lines: &[(u128, Value)], from: u128) -> Option<u128> {
     let up = |v: &Value| v["streams_up"].as_i64().unwrap_or(0);
     let (_, before) = lines.iter().rev().find(|(at, _)| *at <= from)?;
     let target = up(before);
@@ -113,8 +122,7 @@ fn back_again(lines: &[(u128, Value)], from: u128) -> Option<(u128, BTreeMap<Str
         .iter()
         .position(|(at, v)| *at > from && up(v) < target)?;
     let (at, _) = lines[fell..].iter().find(|(_, v)| up(v) >= target)?;
-    let errors = errors_between(lines, from, at.saturating_sub(1))?;
-    Some((*at, errors))
+    Some(*at)
 }
 
 /// Load generator processes for `nodes` agents streaming to `replicas` replicas and each
@@ -203,9 +211,10 @@ mod tests {
             line(6, 100, 75),
         ];
         // Killed at 2.5: back at 5, with 75 refusals meanwhile.
+        assert_eq!(back_again(&lines, 2), Some(5));
         assert_eq!(
-            back_again(&lines, 2),
-            Some((5, BTreeMap::from([("connect".to_owned(), 75)])))
+            errors_between(&lines, 2, 4),
+            Some(BTreeMap::from([("connect".to_owned(), 75)]))
         );
         // Nothing fell after 5: not a restart.
         assert_eq!(back_again(&lines, 5), None);

@@ -659,11 +659,11 @@ impl Bench<'_> {
         } else {
             f64::NAN
         };
+        let after = self.sample()?;
+        let secs = after.at.duration_since(before.at).as_secs_f64();
         // The load generators count every second: one more count after the last agent.
         self.stop.sleep(Duration::from_millis(1_500))?;
         let (agents_back, agent_errors) = agents.since(killed_at)?;
-        let after = self.sample()?;
-        let secs = after.at.duration_since(before.at).as_secs_f64();
         let restarted = self.restarted(&victim.name).unwrap_or_else(|e| {
             println!("bench-fleet: the restarted replica's own account: {e:#}");
             Restarted {

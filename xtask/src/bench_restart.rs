@@ -77,6 +77,7 @@ pub struct Options {
 }
 
 /// One restart: seconds from the new process' start to its first answer and to complete.
+#[derive(Default)]
 struct Restart {
     first_answer: Option<f64>,
     /// Every node served (the arrival of a complete NodeMetrics list).
@@ -181,6 +182,7 @@ fn ns_field(v: &Value, key: &str) -> Option<u128> {
 /// The `loadgen counts` lines of `log` (the load generator's counts so far, every second):
 /// each line's time and its JSON object.
 pub(crate) fn counts_lines(log: &Path) -> Result<Vec<(u128, Value)>> {
+    // `COUNTS_LINE` of agent/examples/loadgen.rs, then a space.
     const MARK: &str = "loadgen counts ";
     let text =
         std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
@@ -372,8 +374,7 @@ fn measure(
                     asked: at("complete_request_unix_ns"),
                     complete: at("complete_unix_ns").context("no complete_unix_ns")?,
                     polls: v["polls"].as_u64().unwrap_or(0),
-                    streams_back: Vec::new(),
-                    errors: None,
+                    ..Restart::default()
                 }
             }
             None => {
@@ -388,13 +389,8 @@ fn measure(
                 )
                 .with_context(|| format!("restart {n}"))?;
                 Restart {
-                    first_answer: None,
-                    nodes: None,
-                    asked: None,
                     complete: since(unix_ns(SystemTime::now())),
-                    polls: 0,
-                    streams_back: Vec::new(),
-                    errors: None,
+                    ..Restart::default()
                 }
             }
         };
@@ -536,7 +532,7 @@ fn report(opts: &Options, restarts: &[Restart], agents: &Value) -> String {
             "| {} | {} | {} | {} | {} → **{:.2} s** | {} | {} |",
             i + 1,
             secs(r.first_answer),
-            spread(r.streams_back.first().map_or(&[], Vec::as_slice)),
+            spread(group(r, 0)),
             secs(r.nodes),
             secs(r.asked),
             r.complete,

@@ -136,7 +136,8 @@ struct Args {
     /// Reader: reads per second.
     #[arg(long, default_value_t = 50.0)]
     reads_per_sec: f64,
-    /// Reader: the oldest served timestamp that counts as fresh, in seconds.
+    /// Reader: the oldest served timestamp that counts as fresh, in seconds before the
+    /// request was sent (the answer's own time is its latency).
     #[arg(long, default_value_t = 5)]
     max_age_secs: u64,
     /// Agents: also send pressure and throttling (protocol 1.2, as `kpulse-agent run

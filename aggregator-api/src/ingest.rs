@@ -113,8 +113,15 @@ pub const AGENT_TOKEN_REVIEW_TIMEOUT: Duration = Duration::from_secs(7);
 pub const PORT_WAIT: Duration = Duration::from_secs(10);
 /// How often a closed agents' port looks whether it may open.
 const PORT_POLL: Duration = Duration::from_millis(50);
-/// The agents' port's queue of connections not yet accepted, as tokio's `TcpListener::bind`.
-const BACKLOG: u32 = 1024;
+/// The agents' port's queue of connections not yet accepted: as long as the kernel allows
+/// (it caps the value at `net.core.somaxconn`, 4,096 by default, per network namespace).
+/// A replica restarted under thousands of agents has them all knocking within the 2 s of
+/// their refused backoff (`kpulse_agent::ship::Backoff::refused_max`), faster than it
+/// accepts on a busy machine: with tokio's 1,024, in a restart at 5,000 nodes the queue
+/// stayed full for about 3 s after the port opened and the kernel dropped 3,899 connection
+/// attempts, each agent then waiting for a retransmission (1 s, then 3 s, …) instead of
+/// its turn in the queue (docs/design/scale.md, fix 6).
+const BACKLOG: u32 = 65_535;
 /// Time allowed for the Hello to arrive.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// The shortest idle timeout ([`idle_timeout`]).
@@ -1042,6 +1049,48 @@ mod tests {
         assert!(listen_when(second, || true, std::time::Instant::now())
             .await
             .is_err());
+    }
+
+    /// More agents than tokio's default backlog (1,024) connect to a replica that does not
+    /// accept yet: every one is queued (its TCP handshake completes), none dropped.
+    #[tokio::test]
+    async fn the_agents_port_queues_a_burst_of_connections() {
+        kpulse_process::limits::raise_open_files().expect("the open-file limit");
+        let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .expect("net.core.somaxconn")
+            .trim()
+            .parse()
+            .expect("a number");
+        let burst = somaxconn.min(2_000);
+        assert!(
+            burst > 1_100,
+            "this test needs net.core.somaxconn above 1,100 (it is {somaxconn})"
+        );
+        let socket = bind(([127, 0, 0, 1], 0).into()).expect("bound");
+        let listener = listen_when(socket, || true, std::time::Instant::now())
+            .await
+            .expect("listening");
+        let addr = listener.local_addr().expect("address");
+        let mut connects = tokio::task::JoinSet::new();
+        for _ in 0..burst {
+            connects.spawn(tokio::time::timeout(
+                Duration::from_secs(3),
+                tokio::net::TcpStream::connect(addr),
+            ));
+        }
+        // Held until all are counted: each one queued holds its place.
+        let mut queued = Vec::with_capacity(burst);
+        while let Some(done) = connects.join_next().await {
+            if let Ok(Ok(Ok(stream))) = done {
+                queued.push(stream);
+            }
+        }
+        assert_eq!(
+            queued.len(),
+            burst,
+            "connections queued of {burst} (none accepted)"
+        );
+        drop(listener);
     }
 
     #[test]

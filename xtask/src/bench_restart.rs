@@ -6,7 +6,8 @@
 //! wait until the reader (`loadgen --wait-complete`) sees every node and pod served with
 //! rates. Then `--restarts` times: wait `--interval`, SIGKILL the server, start a reader
 //! that polls (NodeMetrics list, then every PodMetrics in protobuf, each checked: every
-//! node and pod present once, every container's rate and memory as simulated, fresh), and
+//! node and pod present once, every container's rate and memory as simulated, fresh: at
+//! most 5 s older than the request, whatever the answer then took), and
 //! start the server again on the same ports. Measured from the new process' start: its
 //! first HTTP answer, and the answer that showed everything complete again. Prints a
 //! Markdown table (each restart, p50, max) against the 3 s target.

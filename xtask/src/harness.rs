@@ -674,6 +674,28 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
     Ok(ticks as f64 / 100.0)
 }
 
+/// The `TcpExt` counter `name` (`ListenDrops`, …) of the network namespace that `pid` is
+/// in, from `/proc/PID/net/netstat`: a pod's counters, read from the host.
+pub fn tcp_ext_counter(pid: u32, name: &str) -> Result<u64> {
+    let path = format!("/proc/{pid}/net/netstat");
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    netstat_counter(&text, "TcpExt", name).with_context(|| format!("no TcpExt {name} in {path}"))
+}
+
+/// Counter `name` of group `group` in the text of `/proc/net/netstat`: for each group a
+/// line of names, then a line of values, each starting `Group:`.
+fn netstat_counter(text: &str, group: &str, name: &str) -> Option<u64> {
+    let prefix = format!("{group}:");
+    let mut lines = text.lines().filter_map(|l| l.strip_prefix(prefix.as_str()));
+    let names = lines.next()?;
+    let values = lines.next()?;
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
 /// `VmRSS` and `VmHWM` of `pid`, in MiB.
 pub fn rss_mib(pid: u32) -> Result<(f64, f64)> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))
@@ -823,6 +845,27 @@ pub fn open_file_limit() -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn netstat_counters_by_group_and_name() {
+        let text = "TcpExt: SyncookiesSent ListenOverflows ListenDrops\n\
+                    TcpExt: 0 4339 4340\n\
+                    IpExt: InNoRoutes ListenDrops\n\
+                    IpExt: 7 9\n";
+        assert_eq!(netstat_counter(text, "TcpExt", "ListenDrops"), Some(4340));
+        assert_eq!(
+            netstat_counter(text, "TcpExt", "ListenOverflows"),
+            Some(4339)
+        );
+        assert_eq!(netstat_counter(text, "IpExt", "ListenDrops"), Some(9));
+        assert_eq!(netstat_counter(text, "TcpExt", "Missing"), None);
+        assert_eq!(
+            netstat_counter("TcpExt: ListenDrops\n", "TcpExt", "ListenDrops"),
+            None
+        );
+        // This process's own namespace has the counter.
+        assert!(tcp_ext_counter(std::process::id(), "ListenDrops").is_ok());
+    }
 
     fn metrics(pairs: &[(&str, f64)]) -> Metrics {
         pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()

@@ -71,7 +71,8 @@ pub struct Options {
     /// Largest deviation of an RSS sample after the warm-up from their mean, in percent.
     #[arg(long, default_value_t = 5.0)]
     rss_tolerance_percent: f64,
-    /// Oldest served timestamp the reader accepts as fresh, in seconds.
+    /// Oldest served timestamp the reader accepts as fresh, in seconds before each request
+    /// was sent.
     #[arg(long, default_value_t = 5)]
     max_age_secs: u64,
     /// Also write the Markdown report to this file (and the RSS series beside it, as

@@ -506,26 +506,56 @@ fn quantity(s: &str) -> Option<f64> {
     v.is_finite().then_some(v * scale)
 }
 
-fn now_secs() -> i64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+/// What a served timestamp is checked against: at most `max_age` older than the moment
+/// the request was sent. Not the answer's arrival: a list of 50,000 pods takes seconds to
+/// build, send and parse on a busy machine, and that time is the read's latency (measured
+/// apart), not the age of what the server held when it was asked.
+#[derive(Clone, Copy, Debug)]
+struct Fresh {
+    /// When the request was sent, in Unix seconds.
+    asked_secs: i64,
+    max_age: Duration,
 }
 
-fn check_fresh(what: &str, timestamp: Option<i64>, max_age: Duration) -> Result<(), Failure> {
-    let Some(t) = timestamp else {
-        return Err(fail(Class::Value, format!("{what}: no timestamp")));
-    };
-    // The served timestamp has whole seconds: one more second of slack.
-    let age = now_secs() - t;
-    let max = i64::try_from(max_age.as_secs()).unwrap_or(i64::MAX);
-    if age > max + 1 || age < -2 {
-        return Err(fail(
-            Class::Stale,
-            format!("{what}: timestamp {age} s old (at most {max} s)"),
-        ));
+impl Fresh {
+    fn asked_now(max_age: Duration) -> Fresh {
+        let asked_secs = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        Fresh {
+            asked_secs,
+            max_age,
+        }
     }
-    Ok(())
+
+    fn check(self, what: &str, timestamp: Option<i64>) -> Result<(), Failure> {
+        let Some(t) = timestamp else {
+            return Err(fail(Class::Value, format!("{what}: no timestamp")));
+        };
+        // The served timestamp has whole seconds: one more second of slack. A value that
+        // arrived while the answer was being built may be newer than the question, by at
+        // most the request's timeout (and 2 s of the clocks' disagreement).
+        let age = self.asked_secs.saturating_sub(t);
+        let max = i64::try_from(self.max_age.as_secs()).unwrap_or(i64::MAX);
+        let newest =
+            (-2_i64).saturating_sub(i64::try_from(REQUEST_TIMEOUT.as_secs()).unwrap_or(i64::MAX));
+        if age > max.saturating_add(1) {
+            return Err(fail(
+                Class::Stale,
+                format!("{what}: timestamp {age} s before the request (at most {max} s)"),
+            ));
+        }
+        if age < newest {
+            return Err(fail(
+                Class::Stale,
+                format!(
+                    "{what}: timestamp {} s after the request, later than its answer could be",
+                    age.saturating_neg()
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn check_usage(
@@ -560,7 +590,7 @@ fn check_usage(
 }
 
 /// Checks one pod; its `(node, pod)` indices.
-fn check_pod(sim: &Sim, p: &PodObject, max_age: Duration) -> Result<(usize, usize), Failure> {
+fn check_pod(sim: &Sim, p: &PodObject, fresh: Fresh) -> Result<(usize, usize), Failure> {
     let what = format!("pod {}/{}", p.namespace, p.name);
     let Some((node, pod)) = sim.parse_pod(&p.name) else {
         return Err(fail(Class::Incomplete, format!("{what}: not simulated")));
@@ -568,7 +598,7 @@ fn check_pod(sim: &Sim, p: &PodObject, max_age: Duration) -> Result<(usize, usiz
     if p.namespace != Sim::namespace(pod) {
         return Err(fail(Class::Incomplete, format!("{what}: wrong namespace")));
     }
-    check_fresh(&what, p.timestamp, max_age)?;
+    fresh.check(&what, p.timestamp)?;
     if !p.window_set {
         return Err(fail(Class::Value, format!("{what}: no window")));
     }
@@ -614,11 +644,11 @@ fn check_pods(
     pods: &[PodObject],
     expected: usize,
     selected: impl Fn(usize) -> bool,
-    max_age: Duration,
+    fresh: Fresh,
 ) -> Result<(), Failure> {
     let mut seen = HashSet::with_capacity(pods.len());
     for p in pods {
-        let (node, pod) = check_pod(sim, p, max_age)?;
+        let (node, pod) = check_pod(sim, p, fresh)?;
         if !selected(pod) {
             return Err(fail(
                 Class::Incomplete,
@@ -651,7 +681,7 @@ fn check_pods(
     Ok(())
 }
 
-fn check_nodes(sim: &Sim, nodes: &[NodeObject], max_age: Duration) -> Result<(), Failure> {
+fn check_nodes(sim: &Sim, nodes: &[NodeObject], fresh: Fresh) -> Result<(), Failure> {
     let mut seen = HashSet::with_capacity(nodes.len());
     for n in nodes {
         let what = format!("node {}", n.name);
@@ -661,7 +691,7 @@ fn check_nodes(sim: &Sim, nodes: &[NodeObject], max_age: Duration) -> Result<(),
         if !seen.insert(i) {
             return Err(fail(Class::Incomplete, format!("{what}: listed twice")));
         }
-        check_fresh(&what, n.timestamp, max_age)?;
+        fresh.check(&what, n.timestamp)?;
         if !n.window_set {
             return Err(fail(Class::Value, format!("{what}: no window")));
         }
@@ -724,7 +754,7 @@ impl Read {
         }
     }
 
-    fn check(&self, sim: &Sim, a: &Answer, max_age: Duration) -> Result<(), Failure> {
+    fn check(&self, sim: &Sim, a: &Answer, fresh: Fresh) -> Result<(), Failure> {
         if a.status != StatusCode::OK {
             let body = String::from_utf8_lossy(&a.body[..a.body.len().min(300)]).into_owned();
             return Err(fail(Class::Status, format!("HTTP {}: {body}", a.status)));
@@ -735,9 +765,9 @@ impl Read {
                 &pod_list(a, self.format)?,
                 sim.all_pods(),
                 |_| true,
-                max_age,
+                fresh,
             ),
-            Kind::ListNodes => check_nodes(sim, &node_list(a, self.format)?, max_age),
+            Kind::ListNodes => check_nodes(sim, &node_list(a, self.format)?, fresh),
             Kind::SelectPods => {
                 let (ns, app) = self.selector;
                 check_pods(
@@ -745,10 +775,10 @@ impl Read {
                     &pod_list(a, self.format)?,
                     sim.selected(ns, app),
                     |p| p % sim::NAMESPACES == ns && p % sim::APPS == app,
-                    max_age,
+                    fresh,
                 )
             }
-            Kind::GetPod => check_pod(sim, &pod_one(a, self.format)?, max_age).map(|_| ()),
+            Kind::GetPod => check_pod(sim, &pod_one(a, self.format)?, fresh).map(|_| ()),
         }
     }
 }
@@ -910,13 +940,14 @@ pub async fn run(
         let (client, sim, tx, max_age) = (client.clone(), sim.clone(), tx.clone(), opts.max_age);
         tokio::spawn(async move {
             let t0 = Instant::now();
+            let fresh = Fresh::asked_now(max_age);
             let answer = client.get(&read.path, read.format).await;
             let latency = t0.elapsed();
             let result = match answer {
                 Err(e) => Err(fail(Class::Transport, format!("{}: {e:#}", read.path))),
                 // Parsing 10 MB lists is CPU work: off the runtime's threads.
                 Ok(a) => tokio::task::spawn_blocking(move || {
-                    read.check(&sim, &a, max_age)
+                    read.check(&sim, &a, fresh)
                         .map_err(|f| fail(f.class, format!("{}: {}", read.path, f.message)))
                 })
                 .await
@@ -994,6 +1025,7 @@ pub async fn wait_complete(opts: &Options, sim: &Sim, client: &Client, limit: Du
             (Kind::ListPods, Format::Protobuf, format!("{API}/pods"))
         };
         let asked = unix_nanos();
+        let fresh = Fresh::asked_now(opts.max_age);
         let result = match client.get(&path, format).await {
             Err(e) => Err(fail(Class::Transport, format!("{e:#}"))),
             Ok(a) => {
@@ -1004,7 +1036,7 @@ pub async fn wait_complete(opts: &Options, sim: &Sim, client: &Client, limit: Du
                     path,
                     selector: (0, 0),
                 };
-                read.check(sim, &a, opts.max_age)
+                read.check(sim, &a, fresh)
             }
         };
         match (result, kind) {
@@ -1049,6 +1081,44 @@ fn unix_nanos() -> u128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fresh_is_counted_from_the_request() {
+        let fresh = Fresh {
+            asked_secs: 1_000,
+            max_age: Duration::from_secs(5),
+        };
+        // 6 s before the request: the whole-second slack; 7 s: stale, however long the
+        // answer then took.
+        assert!(fresh.check("pod", Some(994)).is_ok());
+        let stale = fresh
+            .check("pod", Some(993))
+            .expect_err("7 s before the request");
+        assert_eq!(stale.class.name(), "stale");
+        assert!(
+            stale.message.contains("7 s before the request"),
+            "{}",
+            stale.message
+        );
+        // Newer than the request: sampled while the answer was built, up to its timeout.
+        assert!(fresh.check("pod", Some(1_000 + 12)).is_ok());
+        let future = fresh
+            .check("pod", Some(1_000 + 13))
+            .expect_err("13 s after");
+        assert!(
+            future.message.contains("13 s after the request"),
+            "{}",
+            future.message
+        );
+        assert_eq!(
+            fresh
+                .check("pod", None)
+                .expect_err("no timestamp")
+                .class
+                .name(),
+            "value"
+        );
+    }
 
     #[test]
     fn quantities() {

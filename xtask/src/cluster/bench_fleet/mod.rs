@@ -256,6 +256,16 @@ struct Restart {
     /// up as before it (NaN: not counted), and their stream errors by reason meanwhile.
     agents_back: f64,
     agent_errors: BTreeMap<String, u64>,
+    /// SYNs the kernel dropped at the replica pod's listening sockets (its network
+    /// namespace's `TcpExt ListenDrops`: both ports, retransmissions counted; nearly all an
+    /// accept queue full), from the kill to the end of the restart, the killed process's
+    /// exit included (its listening sockets stay open, accepting nothing, until its memory
+    /// is released); `None`: unread.
+    listen_drops: Option<u64>,
+    /// Times the kubelet started the replica's container from the kill to the end of the
+    /// restart: 1, or more when the new process was itself killed (a failed probe, the
+    /// memory limit) before the restart was over.
+    starts: Option<u64>,
 }
 
 /// What the restarted replica's process says of its start ([`Restart::restarted`]).
@@ -265,6 +275,8 @@ struct Restarted {
     nodes_listed: f64,
     agent_pods_listed: f64,
     port_opened: f64,
+    /// Its network namespace's `TcpExt ListenDrops` so far (the pod's, over its processes).
+    listen_drops: Option<u64>,
 }
 
 /// The control plane's counters at one moment.
@@ -365,6 +377,7 @@ impl Bench<'_> {
                     .as_str()
                     .and_then(|id| id.strip_prefix("containerd://"))
                     .map(str::to_owned),
+                restarts: p["status"]["containerStatuses"][0]["restartCount"].as_u64(),
             })
             .collect())
     }
@@ -599,6 +612,7 @@ impl Bench<'_> {
         let pid = container_pid(self.ctx, container)?;
         let pid = u32::try_from(pid).context("a PID")?;
         let before = self.sample()?;
+        let drops_before = harness::tcp_ext_counter(pid, "ListenDrops").ok();
         let killed_at = SystemTime::now();
         let killed = Instant::now();
         crate::exec::run(Command::new("kill").args(["-KILL", &pid.to_string()]))?;
@@ -673,7 +687,23 @@ impl Bench<'_> {
                 ..Restarted::default()
             }
         });
+        let listen_drops = drops_before
+            .zip(restarted.listen_drops)
+            .map(|(before, after)| after.saturating_sub(before));
+        // Read on its own: a container waiting in the kubelet's back-off has no process for
+        // `restarted` to read.
+        let restarts_now = self
+            .replicas()
+            .ok()
+            .and_then(|rs| rs.into_iter().find(|r| r.name == victim.name))
+            .and_then(|r| r.restarts);
+        let starts = victim
+            .restarts
+            .zip(restarts_now)
+            .map(|(before, after)| after.saturating_sub(before));
         Ok(Restart {
+            listen_drops,
+            starts,
             restarted,
             kill_to_answer: answered,
             kill_to_ready: ready,
@@ -698,7 +728,11 @@ impl Bench<'_> {
         let container = replica
             .container
             .with_context(|| format!("replica {name} has no container"))?;
-        let pid = container_pid(self.ctx, &container)?.to_string();
+        let pid = container_pid(self.ctx, &container)?;
+        let listen_drops = u32::try_from(pid)
+            .ok()
+            .and_then(|pid| harness::tcp_ext_counter(pid, "ListenDrops").ok());
+        let pid = pid.to_string();
         let admin = super::check::admin_identity(self.ctx)?;
         let text = super::check::get_from_replica(&admin, &pid, "/metrics")?;
         let prefix = "kpulse_aggregator_ingest_local_token_checks_total{outcome=\"";
@@ -725,6 +759,7 @@ impl Bench<'_> {
             nodes_listed: since(first, at("Nodes listed")),
             agent_pods_listed: since(first, at("agent pods listed")),
             port_opened: since(first, at("serving agents' streams")),
+            listen_drops,
         })
     }
 
@@ -807,6 +842,8 @@ struct Replica {
     ip: Option<String>,
     ready: bool,
     container: Option<String>,
+    /// The kubelet's count of its container's restarts.
+    restarts: Option<u64>,
 }
 
 /// The time a line of the server's log begins with (tracing's RFC 3339, UTC).

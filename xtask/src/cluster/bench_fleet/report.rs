@@ -169,8 +169,11 @@ impl Bench<'_> {
                 .collect();
             out.push_str(&format!(
                 "- round {}: Nodes listed after {:.1} s, agent pods after {:.1} s, agents' port \
-                 open after {:.1} s; local token checks: {}; the load generators' streams all \
-                 up again {} s after the kill, their stream errors meanwhile: {}\n",
+                 open after {:.1} s; local token checks: {}; its container started {} \
+                 time(s) meanwhile; SYNs its pod's kernel dropped at a listening socket \
+                 (ListenDrops, from the kill): {}; \
+                 the load generators' streams all up again {} s after the kill, their stream \
+                 errors meanwhile: {}\n",
                 i + 1,
                 r.nodes_listed,
                 r.agent_pods_listed,
@@ -180,6 +183,12 @@ impl Bench<'_> {
                 } else {
                     checks.join(", ")
                 },
+                a.restart
+                    .starts
+                    .map_or_else(|| "(not read)".to_owned(), |n| n.to_string()),
+                a.restart
+                    .listen_drops
+                    .map_or_else(|| "(not read)".to_owned(), |n| n.to_string()),
                 if a.restart.agents_back.is_finite() {
                     format!("{:.1}", a.restart.agents_back)
                 } else {

@@ -518,12 +518,10 @@ struct Fresh {
 }
 
 impl Fresh {
-    fn asked_now(max_age: Duration) -> Fresh {
-        let asked_secs = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    /// Asked at `unix_ns` ([`unix_nanos`]).
+    fn asked_at(unix_ns: u128, max_age: Duration) -> Fresh {
         Fresh {
-            asked_secs,
+            asked_secs: i64::try_from(unix_ns / 1_000_000_000).unwrap_or(i64::MAX),
             max_age,
         }
     }
@@ -940,7 +938,7 @@ pub async fn run(
         let (client, sim, tx, max_age) = (client.clone(), sim.clone(), tx.clone(), opts.max_age);
         tokio::spawn(async move {
             let t0 = Instant::now();
-            let fresh = Fresh::asked_now(max_age);
+            let fresh = Fresh::asked_at(unix_nanos(), max_age);
             let answer = client.get(&read.path, read.format).await;
             let latency = t0.elapsed();
             let result = match answer {
@@ -1025,7 +1023,7 @@ pub async fn wait_complete(opts: &Options, sim: &Sim, client: &Client, limit: Du
             (Kind::ListPods, Format::Protobuf, format!("{API}/pods"))
         };
         let asked = unix_nanos();
-        let fresh = Fresh::asked_now(opts.max_age);
+        let fresh = Fresh::asked_at(asked, opts.max_age);
         let result = match client.get(&path, format).await {
             Err(e) => Err(fail(Class::Transport, format!("{e:#}"))),
             Ok(a) => {

@@ -678,7 +678,17 @@ impl Bench<'_> {
         // The load generators count every second: one more count after the last agent.
         self.stop.sleep(Duration::from_millis(1_500))?;
         let (agents_back, agent_errors) = agents.since(killed_at)?;
-        let restarted = self.restarted(&victim.name).unwrap_or_else(|e| {
+        // The victim as it is now: its container's restarts, and the new process.
+        let now = self.replicas().and_then(|rs| {
+            rs.into_iter()
+                .find(|r| r.name == victim.name)
+                .with_context(|| format!("replica {} is gone", victim.name))
+        });
+        let starts = victim
+            .restarts
+            .zip(now.as_ref().ok().and_then(|r| r.restarts))
+            .map(|(before, after)| after.saturating_sub(before));
+        let restarted = now.and_then(|r| self.restarted(&r)).unwrap_or_else(|e| {
             println!("bench-fleet: the restarted replica's own account: {e:#}");
             Restarted {
                 nodes_listed: f64::NAN,
@@ -689,17 +699,6 @@ impl Bench<'_> {
         });
         let listen_drops = drops_before
             .zip(restarted.listen_drops)
-            .map(|(before, after)| after.saturating_sub(before));
-        // Read on its own: a container waiting in the kubelet's back-off has no process for
-        // `restarted` to read.
-        let restarts_now = self
-            .replicas()
-            .ok()
-            .and_then(|rs| rs.into_iter().find(|r| r.name == victim.name))
-            .and_then(|r| r.restarts);
-        let starts = victim
-            .restarts
-            .zip(restarts_now)
             .map(|(before, after)| after.saturating_sub(before));
         Ok(Restart {
             listen_drops,
@@ -716,19 +715,16 @@ impl Bench<'_> {
         })
     }
 
-    /// The restarted process of replica `name`: its local token checks by outcome (its
+    /// The restarted process of `replica`: its local token checks by outcome (its
     /// metrics, read inside its network namespace) and, from its log, the seconds from its
     /// first line to its first Node and agent-pod lists and to "serving agents' streams".
-    fn restarted(&self, name: &str) -> Result<Restarted> {
-        let replica = self
-            .replicas()?
-            .into_iter()
-            .find(|r| r.name == name)
-            .with_context(|| format!("replica {name} is gone"))?;
+    fn restarted(&self, replica: &Replica) -> Result<Restarted> {
+        let name = &replica.name;
         let container = replica
             .container
+            .as_ref()
             .with_context(|| format!("replica {name} has no container"))?;
-        let pid = container_pid(self.ctx, &container)?;
+        let pid = container_pid(self.ctx, container)?;
         let listen_drops = u32::try_from(pid)
             .ok()
             .and_then(|pid| harness::tcp_ext_counter(pid, "ListenDrops").ok());
